@@ -1,0 +1,37 @@
+"""Errors a user can cause. Each says what was wrong and, where it helps, what to do."""
+from __future__ import annotations
+
+
+class GGFlowError(Exception):
+    """Base of every error ggflow raises on purpose."""
+
+
+class UnknownNameError(GGFlowError, KeyError):
+    """A name (op, type, backend, sampler, architecture) that no plugin provides."""
+
+    def __init__(self, kind: str, name: str, known: list[str]):
+        self.kind, self.name, self.known = kind, name, sorted(known)
+        super().__init__(f"unknown {kind} {name!r}; registered: {', '.join(self.known) or '(none)'}")
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.args[0]
+
+
+class ShapeError(GGFlowError, ValueError):
+    """An op was built on tensors whose shapes or types it cannot combine."""
+
+
+class PluginError(GGFlowError):
+    """A plugin failed to load or raised inside one of its hooks."""
+
+
+class BackendError(GGFlowError):
+    """A backend is unavailable or cannot run what it was asked to."""
+
+
+class QuantizationError(GGFlowError, ValueError):
+    """Data that cannot be quantized or dequantized as asked (e.g. a row not a multiple of the block)."""
+
+
+class ModelLoadError(GGFlowError):
+    """A GGUF file that is truncated, malformed, or describes a model ggflow cannot build."""

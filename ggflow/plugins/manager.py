@@ -1,0 +1,212 @@
+"""One plugin manager: entry-point discovery, per-plugin failure isolation, and the four registries.
+
+Every plugin, built-in or third-party, is a module (or object) with ``@hookimpl`` functions, found
+through the ``ggflow`` entry-point group. A plugin that fails to import, or raises inside a hook, is
+recorded in ``failures`` and the rest still load. ``GGFLOW_DISABLE_PLUGIN_AUTOLOAD=1`` loads only
+the entry points of the ggflow distribution itself.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Generic, Iterator, TypeVar
+
+import pluggy
+
+from ggflow.errors import PluginError, UnknownNameError
+from ggflow.plugins import hookspecs
+
+T = TypeVar("T")
+SEAMS = {  # seam -> (hook name, what one registration is called in messages)
+    "architectures": ("register_architectures", "architecture"),
+    "quant_types": ("register_quant_types", "tensor type"),
+    "backends": ("register_backends", "backend"),
+    "samplers": ("register_samplers", "sampler"),
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a registration came from."""
+    plugin: str
+    distribution: str | None = None
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class Registration(Generic[T]):
+    name: str
+    obj: T
+    source: Source
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    plugin: str
+    distribution: str | None
+    error: str          # one line: the exception type and message
+    traceback: str
+
+
+class Registry(Generic[T]):
+    """Name -> registered object for one seam. A miss names what exists."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._by_name: dict[str, Registration[T]] = {}
+
+    def add(self, name: str, obj: T, source: Source) -> None:
+        self._by_name[name] = Registration(name, obj, source)
+
+    def get(self, name: str) -> T:
+        return self.registration(name).obj
+
+    def registration(self, name: str) -> Registration[T]:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise UnknownNameError(self.kind, name, list(self._by_name)) from None
+
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[Registration[T]]:
+        return iter(self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+
+def _names_of(obj: Any) -> tuple[str, ...]:
+    names = getattr(obj, "names", None) or (getattr(obj, "name", None),)
+    if not all(isinstance(n, str) and n for n in names):
+        raise PluginError(f"registered object {obj!r} has no 'name' (or 'names') to register it under")
+    return tuple(names)
+
+
+class PluginManager:
+    def __init__(self, autoload: bool = True):
+        self.pm = pluggy.PluginManager("ggflow")
+        self.pm.add_hookspecs(hookspecs)
+        self.failures: list[PluginFailure] = []
+        self._sources: dict[int, Source] = {}   # id(plugin object) -> where it came from
+        self._registries: dict[str, Registry] | None = None
+        self._lock = threading.RLock()
+        if autoload:
+            self.load_entry_points()
+
+    # -- discovery ---------------------------------------------------------------------------
+    def load_entry_points(self) -> None:
+        builtins_only = os.environ.get("GGFLOW_DISABLE_PLUGIN_AUTOLOAD", "") not in ("", "0")
+        eps = metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP)
+        seen_own = False
+        for ep in sorted(eps, key=lambda e: (e.dist.name if e.dist else "", e.name)):
+            dist = ep.dist.name if ep.dist else None
+            own = dist is not None and dist.lower() == "ggflow"
+            seen_own |= own
+            if builtins_only and not own:
+                continue
+            source = Source(ep.name, dist, ep.dist.version if ep.dist else None)
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                self._fail(source, exc)
+                continue
+            self.register(plugin, source)
+        if not seen_own:
+            self.failures.append(PluginFailure(
+                "ggflow", None, "the ggflow distribution's entry points were not found: "
+                "install the package (pip install -e .) so its built-in plugins can be discovered", ""))
+
+    def register(self, plugin: Any, source: Source | str | None = None) -> None:
+        """Add a plugin object (a module or an instance with @hookimpl methods)."""
+        with self._lock:
+            if isinstance(source, str) or source is None:
+                source = Source(source or getattr(plugin, "__name__", type(plugin).__name__))
+            if self.pm.is_registered(plugin):
+                return
+            self.pm.register(plugin, name=f"{source.distribution or '-'}:{source.plugin}:{id(plugin)}")
+            self._sources[id(plugin)] = source
+            self._registries = None
+
+    def unregister(self, plugin: Any) -> None:
+        with self._lock:
+            self.pm.unregister(plugin)
+            self._sources.pop(id(plugin), None)
+            self._registries = None
+
+    def _fail(self, source: Source, exc: BaseException) -> None:
+        self.failures.append(PluginFailure(
+            source.plugin, source.distribution, f"{type(exc).__name__}: {exc}",
+            "".join(traceback.format_exception(exc))))
+
+    # -- registries --------------------------------------------------------------------------
+    @property
+    def registries(self) -> dict[str, Registry]:
+        with self._lock:
+            if self._registries is None:
+                self._registries = self._build_registries()
+            return self._registries
+
+    def _build_registries(self) -> dict[str, Registry]:
+        # Failures of hooks are rebuilt each time, import failures are kept.
+        self.failures = [f for f in self.failures if not f.error.startswith("in hook ")]
+        registries = {}
+        for seam, (hook_name, kind) in SEAMS.items():
+            registry: Registry = Registry(kind)
+            # pluggy calls the last registered first; register in registration order so a later
+            # plugin may override an earlier one's name.
+            for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+                source = self._sources.get(id(impl.plugin), Source(impl.plugin_name))
+                collected: list[Any] = []
+                try:
+                    impl.function(register=collected.append)
+                    named = [(name, obj) for obj in collected for name in _names_of(obj)]
+                except Exception as exc:
+                    self.failures.append(PluginFailure(
+                        source.plugin, source.distribution, f"in hook {hook_name}: {type(exc).__name__}: {exc}",
+                        "".join(traceback.format_exception(exc))))
+                    continue
+                for name, obj in named:
+                    registry.add(name, obj, source)
+            registries[seam] = registry
+        return registries
+
+    @property
+    def architectures(self) -> Registry: return self.registries["architectures"]
+    @property
+    def quant_types(self) -> Registry: return self.registries["quant_types"]
+    @property
+    def backends(self) -> Registry: return self.registries["backends"]
+    @property
+    def samplers(self) -> Registry: return self.registries["samplers"]
+
+
+_manager: PluginManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide plugin manager, created (and entry points loaded) on first use."""
+    global _manager
+    with _manager_lock:
+        if _manager is None:
+            _manager = PluginManager()
+        return _manager
+
+
+def reset_plugin_manager() -> None:
+    """Forget the process-wide manager, so the next use rediscovers entry points (tests, after pip)."""
+    global _manager
+    with _manager_lock:
+        _manager = None
+
+
+def registries() -> dict[str, Registry]:
+    return get_plugin_manager().registries
