@@ -55,3 +55,25 @@ def type_traits(key: "str | int | TypeTraits") -> TypeTraits:
         raise UnknownNameError("tensor type id", str(int(key)),
                                [f"{r.obj.type_id} ({r.name})" for r in registry])
     return registry.get(str(key).upper())
+
+
+def _i32_to_float(blocks: np.ndarray) -> np.ndarray:
+    return blocks.view(np.int32).astype(np.float32)
+
+
+def _float_to_i32(blocks: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(blocks, dtype=np.float32).astype(np.int32).view(np.uint8)
+
+
+# I32 holds token ids, positions and KV-cache row indices: graph inputs every model needs,
+# so the core provides it rather than a format plugin.
+I32 = TypeTraits("I32", 26, 1, 4, _i32_to_float, _float_to_i32, "I32", numpy_dtype=np.dtype(np.int32))
+
+
+def _register_core_types(register) -> None:
+    register(I32)
+
+
+from ggflow.plugins.hookspecs import hookimpl  # noqa: E402  (after the definitions it registers)
+
+register_quant_types = hookimpl(_register_core_types, specname="register_quant_types")

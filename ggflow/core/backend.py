@@ -1,0 +1,155 @@
+"""Backend and Buffer: what a compute backend plugin implements.
+
+A backend owns memory (Buffers from its ``alloc_buffer``) and runs runs of graph nodes whose inputs are
+in its memory (``compute``). The scheduler decides which backend runs which node and copies tensors
+between backends with ``get_tensor`` / ``set_tensor``.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from ggflow.core.tensor import Tensor, contiguous_strides, strided_view
+
+
+class Buffer(ABC):
+    """A contiguous block of one backend's memory. Tensors live in it at byte offsets."""
+
+    size: int
+    backend_name: str
+
+    @property
+    def is_host(self) -> bool:
+        """True when the memory is host memory numpy can view (``host_array``)."""
+        return False
+
+    def host_array(self) -> np.ndarray:
+        raise TypeError(f"{self.backend_name} buffer is not host memory")
+
+    @abstractmethod
+    def write(self, offset: int, data: np.ndarray) -> None:
+        """Copy a contiguous host array into the buffer at a byte offset."""
+
+    @abstractmethod
+    def read(self, offset: int, nbytes: int) -> np.ndarray:
+        """Copy nbytes at a byte offset out to a new uint8 host array."""
+
+
+class HostBuffer(Buffer):
+    """Host memory: a numpy uint8 array, either owned or a view (e.g. of a memory-mapped GGUF file)."""
+
+    def __init__(self, array: np.ndarray, backend_name: str = "cpu"):
+        self.array = array if array.dtype == np.uint8 else array.view(np.uint8)
+        self.size = self.array.nbytes
+        self.backend_name = backend_name
+
+    @classmethod
+    def allocate(cls, size: int, backend_name: str = "cpu", alignment: int = 64) -> "HostBuffer":
+        # Over-allocate and slice so the first byte is aligned: SIMD kernels prefer aligned rows.
+        raw = np.empty(size + alignment, dtype=np.uint8)
+        start = (-raw.ctypes.data) % alignment
+        return cls(raw[start:start + size], backend_name)
+
+    @property
+    def is_host(self) -> bool:
+        return True
+
+    def host_array(self) -> np.ndarray:
+        return self.array
+
+    def write(self, offset: int, data: np.ndarray) -> None:
+        flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        self.array[offset:offset + flat.nbytes] = flat
+
+    def read(self, offset: int, nbytes: int) -> np.ndarray:
+        return self.array[offset:offset + nbytes].copy()
+
+
+@dataclass(frozen=True)
+class Availability:
+    available: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+class Backend(ABC):
+    """A compute backend. The class is the factory registered through ``register_backends``."""
+
+    name: ClassVar[str]
+    priority: ClassVar[int] = 0      # higher is preferred by backend="auto"
+    alignment: ClassVar[int] = 64    # byte alignment of tensors in this backend's buffers
+    description: ClassVar[str] = ""
+
+    @classmethod
+    def is_available(cls) -> Availability:
+        return Availability(True)
+
+    @abstractmethod
+    def alloc_buffer(self, size: int) -> Buffer:
+        """Memory for ``size`` bytes of tensors on this backend."""
+
+    def supports_op(self, node: Tensor) -> bool:
+        """Whether compute() can run this node (its op, its types, its shapes)."""
+        return True
+
+    def prepare_weight(self, tensor: Tensor) -> None:
+        """Optional hook, called once per weight placed on this backend (e.g. to repack its blocks)."""
+
+    @abstractmethod
+    def compute(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> None:
+        """Run nodes in order. ``substitutes`` maps a source tensor that lives on another backend to
+        its copy in this backend's memory; the backend reads the copy wherever the source is used."""
+
+    def compile(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None
+                ) -> "Callable[[], None]":
+        """Prepare a reusable plan for these nodes once their memory is fixed; calling it computes them.
+
+        The scheduler compiles each split after allocation and calls the plan on every reuse of the
+        graph, so a backend can bind kernels and buffers here and keep the per-step cost small.
+        """
+        return lambda: self.compute(nodes, substitutes)
+
+    # -- transfers (the scheduler's copies and graph inputs/outputs) --------------------------------
+    def set_tensor(self, tensor: Tensor, data: np.ndarray) -> None:
+        """Write host data (any layout, tensor's shape) into a contiguous tensor on this backend."""
+        base = tensor.base()
+        if base.buffer is None:
+            raise ValueError(f"{tensor!r} has no memory")
+        if not tensor.is_contiguous():
+            raise ValueError(f"set_tensor needs a contiguous tensor, {tensor!r} is not")
+        base.buffer.write(base.offset + tensor.base_offset(), _as_bytes(tensor, data))
+
+    def get_tensor(self, tensor: Tensor) -> np.ndarray:
+        """A contiguous host copy of the tensor's data (views resolved), shaped like Tensor.numpy()."""
+        base = tensor.base()
+        if base.buffer is None:
+            raise ValueError(f"{tensor!r} has no memory")
+        if base.buffer.is_host:
+            return np.ascontiguousarray(tensor.numpy())
+        start = base.offset + tensor.base_offset()
+        raw = base.buffer.read(start, tensor.nbytes)
+        return np.ascontiguousarray(strided_view(raw, 0, tensor.type, tensor.ne, tensor.nb))
+
+    def synchronize(self) -> None:
+        """Wait for queued work (asynchronous backends)."""
+
+
+def _as_bytes(tensor: Tensor, data: np.ndarray) -> np.ndarray:
+    traits = tensor.type
+    if traits.numpy_dtype is not None and traits.block_size == 1:
+        data = np.asarray(data, dtype=traits.numpy_dtype)
+        expected = tensor.nelements
+    else:
+        data = np.asarray(data, dtype=np.uint8)
+        expected = tensor.nrows * tensor.row_bytes
+    if data.size != expected:
+        raise ValueError(f"{tensor!r} holds {expected} values, got {data.size}")
+    return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+
+
+__all__ = ["Availability", "Backend", "Buffer", "HostBuffer", "contiguous_strides"]

@@ -1,0 +1,201 @@
+"""Graph-building functions: each returns a new Tensor describing an op on its inputs. Nothing runs.
+
+Semantics follow ggml (ggml.h). Shapes are ggml's ``ne`` (innermost first). Each builder checks its
+inputs and raises ``ShapeError`` naming the op and the shapes when they don't fit.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ggflow.core.tensor import MAX_DIMS, Tensor, TensorFlag
+from ggflow.core.types import TypeTraits, type_traits
+from ggflow.errors import ShapeError
+
+# RoPE modes, as ggml numbers them.
+ROPE_NORMAL = 0   # rotate adjacent pairs (x[2i], x[2i+1]): llama as GGUF stores its Q/K
+ROPE_NEOX = 2     # rotate halves (x[i], x[i + n_dims/2]): qwen2, gpt-neox
+
+# The ops every backend is asked about; views compute nothing but are listed so backends can say so.
+OPS = ("get_rows", "mul_mat", "add", "mul", "scale", "rms_norm", "norm", "rope", "soft_max",
+       "silu", "gelu", "view", "reshape", "permute", "cont", "cpy", "set_rows")  # transpose is a permute
+
+
+def _shape(t: Tensor) -> str:
+    return f"{t.name or t.op}{list(t.ne[: t.n_dims])}"
+
+
+def _fail(op: str, msg: str, *tensors: Tensor) -> ShapeError:
+    return ShapeError(f"{op}: {msg} ({', '.join(_shape(t) for t in tensors)})")
+
+
+def new_tensor(type: "TypeTraits | str", ne: Sequence[int], name: str = "", flags: int = 0) -> Tensor:
+    """A leaf: a weight, the KV cache, or (with TensorFlag.INPUT) a graph input."""
+    return Tensor(type, ne, name=name, flags=flags)
+
+
+def new_input(type: "TypeTraits | str", ne: Sequence[int], name: str) -> Tensor:
+    return Tensor(type, ne, name=name, flags=TensorFlag.INPUT)
+
+
+def _op(type: "TypeTraits | str", ne: Sequence[int], op: str, src: Sequence[Tensor], params=(),
+        name: str = "") -> Tensor:
+    return Tensor(type, ne, op=op, op_params=params, src=src, name=name)
+
+
+def _can_repeat(b: Tensor, a: Tensor) -> bool:
+    """ggml's rule for broadcasting b over a: each dim of a is a whole multiple of b's."""
+    return all(bn > 0 and an % bn == 0 for an, bn in zip(a.ne, b.ne))
+
+
+# -- arithmetic ----------------------------------------------------------------------------------
+def add(a: Tensor, b: Tensor) -> Tensor:
+    if not _can_repeat(b, a):
+        raise _fail("add", "b must repeat evenly over a", a, b)
+    return _op(a.type, a.ne, "add", (a, b))
+
+
+def mul(a: Tensor, b: Tensor) -> Tensor:
+    if not _can_repeat(b, a):
+        raise _fail("mul", "b must repeat evenly over a", a, b)
+    return _op(a.type, a.ne, "mul", (a, b))
+
+
+def scale(a: Tensor, s: float, bias: float = 0.0) -> Tensor:
+    """a * s + bias."""
+    return _op(a.type, a.ne, "scale", (a,), (float(s), float(bias)))
+
+
+def silu(a: Tensor) -> Tensor:
+    return _op(a.type, a.ne, "silu", (a,))
+
+
+def gelu(a: Tensor) -> Tensor:
+    """GELU with the tanh approximation, as ggml_gelu computes it."""
+    return _op(a.type, a.ne, "gelu", (a,))
+
+
+# -- normalization -------------------------------------------------------------------------------
+def rms_norm(a: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) over each row (ne[0])."""
+    return _op(a.type, a.ne, "rms_norm", (a,), (float(eps),))
+
+
+def norm(a: Tensor, eps: float) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over each row: LayerNorm without its affine part."""
+    return _op(a.type, a.ne, "norm", (a,), (float(eps),))
+
+
+def soft_max(a: Tensor, mask: Tensor | None = None, scale: float = 1.0) -> Tensor:
+    """softmax(a * scale + mask) over each row. mask: [ne0, >= ne1] broadcast over dims 2 and 3."""
+    if mask is not None:
+        if mask.ne[0] != a.ne[0] or mask.ne[1] < a.ne[1] or not (
+                a.ne[2] % mask.ne[2] == 0 and a.ne[3] % mask.ne[3] == 0):
+            raise _fail("soft_max", "mask must be [ne0, >= ne1] and broadcast over dims 2, 3", a, mask)
+        if mask.type.name not in ("F32", "F16"):
+            raise _fail("soft_max", f"mask must be F32 or F16, not {mask.type.name}", mask)
+    return _op("F32", a.ne, "soft_max", (a,) if mask is None else (a, mask), (float(scale),))
+
+
+# -- matrix multiplication and lookup ------------------------------------------------------------
+def mul_mat(a: Tensor, b: Tensor) -> Tensor:
+    """ggml_mul_mat: a [k, m, A2, A3] x b [k, n, B2, B3] -> F32 [m, n, B2, B3].
+
+    out[.., j, i] = dot(a row i, b row j); a's dims 2 and 3 broadcast over b's (GQA: several query
+    heads share one K/V head).
+    """
+    if a.ne[0] != b.ne[0] or b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
+        raise _fail("mul_mat", "a and b need the same row length and a's dims 2, 3 must divide b's", a, b)
+    if b.type.is_quantized:
+        raise _fail("mul_mat", f"b must be a float type, not {b.type.name}", b)
+    return _op("F32", (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), "mul_mat", (a, b))
+
+
+def get_rows(a: Tensor, rows: Tensor) -> Tensor:
+    """Gather rows of a (any type, e.g. a quantized embedding) by I32 ids: -> F32 [ne0, n, ...]."""
+    if rows.type.name != "I32":
+        raise _fail("get_rows", f"row ids must be I32, not {rows.type.name}", rows)
+    if rows.ne[2] != a.ne[2] or rows.ne[3] != 1 or a.ne[3] != 1:
+        raise _fail("get_rows", "ids [n, B] must match a [ne0, rows, B]", a, rows)
+    return _op("F32", (a.ne[0], rows.ne[0], rows.ne[1], rows.ne[2]), "get_rows", (a, rows))
+
+
+def set_rows(dst: Tensor, src: Tensor, rows: Tensor) -> Tensor:
+    """Write src's rows into dst at the I32 row ids, converting to dst's type (KV-cache writes).
+
+    Returns a view of dst: expand it into the graph so the write happens before dst is read.
+    """
+    if rows.type.name not in ("I32",):
+        raise _fail("set_rows", f"row ids must be I32, not {rows.type.name}", rows)
+    if src.ne[0] != dst.ne[0] or rows.ne[0] != src.ne[1] or src.ne[2] != 1 or src.ne[3] != 1:
+        raise _fail("set_rows", "src [ne0, n] must match dst [ne0, rows] and ids [n]", dst, src, rows)
+    if src.type.is_quantized:
+        raise _fail("set_rows", f"src must be a float type, not {src.type.name}", src)
+    return Tensor(dst.type, dst.ne, dst.nb, op="set_rows", src=(dst, src, rows), view_src=dst)
+
+
+def cpy(a: Tensor, b: Tensor) -> Tensor:
+    """Copy a into b's memory, converting the type. Returns a view of b."""
+    if a.nelements != b.nelements:
+        raise _fail("cpy", "a and b must have the same number of elements", a, b)
+    return Tensor(b.type, b.ne, b.nb, op="cpy", src=(a, b), view_src=b)
+
+
+def cont(a: Tensor) -> Tensor:
+    """A contiguous copy of a (after permute/transpose)."""
+    return _op(a.type, a.ne, "cont", (a,))
+
+
+# -- RoPE ----------------------------------------------------------------------------------------
+def rope(a: Tensor, positions: Tensor, n_dims: int, mode: int = ROPE_NORMAL, *, freq_base: float = 10000.0,
+         freq_scale: float = 1.0, n_ctx_orig: int = 0, ext_factor: float = 0.0, attn_factor: float = 1.0,
+         beta_fast: float = 32.0, beta_slow: float = 1.0, freq_factors: Tensor | None = None) -> Tensor:
+    """Rotary position embedding of a [head_dim, n_head, n_tokens] by I32 positions [n_tokens].
+
+    The first n_dims of each head rotate; YaRN parameters follow ggml_rope_ext. freq_factors (llama 3
+    rope scaling) divide each pair's angle.
+    """
+    if positions.type.name != "I32" or positions.ne[0] != a.ne[2]:
+        raise _fail("rope", "positions must be I32 [n_tokens] with n_tokens = a.ne[2]", a, positions)
+    if n_dims > a.ne[0] or n_dims % 2:
+        raise _fail("rope", f"n_dims={n_dims} must be even and <= head size", a)
+    if mode not in (ROPE_NORMAL, ROPE_NEOX):
+        raise ShapeError(f"rope: mode {mode} is not supported (normal={ROPE_NORMAL}, neox={ROPE_NEOX})")
+    src = (a, positions) if freq_factors is None else (a, positions, freq_factors)
+    if freq_factors is not None and freq_factors.ne[0] < n_dims // 2:
+        raise _fail("rope", "freq_factors needs n_dims/2 entries", freq_factors)
+    params = (int(n_dims), int(mode), int(n_ctx_orig), float(freq_base), float(freq_scale),
+              float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow))
+    return _op(a.type, a.ne, "rope", src, params)
+
+
+# -- views ---------------------------------------------------------------------------------------
+def view(a: Tensor, ne: Sequence[int], nb: Sequence[int] | None = None, offset: int = 0) -> Tensor:
+    """A view of a's memory with shape ne, byte strides nb (default: contiguous) at a byte offset."""
+    t = Tensor(a.type, ne, nb, op="view", src=(a,), view_src=a, view_offs=offset)
+    if offset < 0 or offset + t.nbytes > a.nbytes:
+        raise _fail("view", f"offset {offset} + {t.nbytes} bytes exceeds the source's {a.nbytes}", a)
+    return t
+
+
+def reshape(a: Tensor, *ne: int) -> Tensor:
+    if not a.is_contiguous():
+        raise _fail("reshape", "needs a contiguous tensor (use cont first)", a)
+    t = Tensor(a.type, ne, op="reshape", src=(a,), view_src=a)
+    if t.nelements != a.nelements:
+        raise _fail("reshape", f"cannot reshape to {list(ne)}", a)
+    return t
+
+
+def permute(a: Tensor, ax0: int, ax1: int, ax2: int, ax3: int) -> Tensor:
+    """ggml_permute: source axis i moves to position ax_i."""
+    axes = (ax0, ax1, ax2, ax3)
+    if sorted(axes) != list(range(MAX_DIMS)):
+        raise _fail("permute", f"axes {axes} must be a permutation of 0..3", a)
+    ne, nb = [0] * 4, [0] * 4
+    for i, ax in enumerate(axes):
+        ne[ax], nb[ax] = a.ne[i], a.nb[i]
+    return Tensor(a.type, ne, nb, op="permute", src=(a,), view_src=a, op_params=axes)
+
+
+def transpose(a: Tensor) -> Tensor:
+    return permute(a, 1, 0, 2, 3)
