@@ -28,7 +28,7 @@ QK = 32  # elements per block, the same for every legacy format
 
 Q4_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
 Q4_1_BLOCK = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)])
-Q5_0_BLOCK = np.dtype([("d", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)], align=False)
+Q5_0_BLOCK = np.dtype([("d", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)])
 Q5_1_BLOCK = np.dtype([("d", "<f2"), ("m", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)])
 Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
 Q8_1_BLOCK = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", 32)])
@@ -102,7 +102,8 @@ def _clamped_nibble(v: np.ndarray, bias: float, top: int) -> np.ndarray:
 
 
 def _scale_values(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> np.ndarray:
-    """``q*d`` (and ``+ m``) in float32, two roundings: ggml's reference is built without FMA."""
+    """``q*d`` (then ``+ m``) in float32, as C does. q*d has at most 16 significant bits, so it
+    is exact in float32 and a compiler contracting ``q*d + m`` into an FMA gets the same result."""
     x = q.astype(np.float32) * fp16_to_fp32(d)[:, None]
     return x if m is None else x + fp16_to_fp32(m)[:, None]
 
