@@ -20,8 +20,8 @@ class Graph:
         self.leafs: list[Tensor] = []
         self._seen: set[int] = set()
         self.uid = next(_uids)
-        for t in outputs:
-            self.expand(t)
+        for t in outputs:  # what the graph is built for is read after compute: mark it so
+            self.mark_output(t)
 
     def expand(self, tensor: Tensor) -> "Graph":
         """Add tensor and everything it depends on that is not in the graph yet."""

@@ -159,7 +159,7 @@ def rope(a: Tensor, positions: Tensor, n_dims: int, mode: int = ROPE_NORMAL, *, 
     if n_dims > a.ne[0] or n_dims % 2:
         raise _fail("rope", f"n_dims={n_dims} must be even and <= head size", a)
     if mode not in (ROPE_NORMAL, ROPE_NEOX):
-        raise ShapeError(f"rope: mode {mode} is not supported (normal={ROPE_NORMAL}, neox={ROPE_NEOX})")
+        raise _fail("rope", f"mode {mode} is not supported (normal={ROPE_NORMAL}, neox={ROPE_NEOX})", a)
     src = (a, positions) if freq_factors is None else (a, positions, freq_factors)
     if freq_factors is not None and freq_factors.ne[0] < n_dims // 2:
         raise _fail("rope", "freq_factors needs n_dims/2 entries", freq_factors)

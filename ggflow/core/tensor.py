@@ -50,7 +50,12 @@ class Tensor:
         if not 1 <= len(ne) <= MAX_DIMS or any(n < 0 for n in ne):
             raise ValueError(f"tensor {name!r}: shape {ne} must have 1..{MAX_DIMS} non-negative dims")
         self.ne: tuple[int, int, int, int] = ne + (1,) * (MAX_DIMS - len(ne))  # type: ignore[assignment]
-        self.nb: tuple[int, int, int, int] = tuple(nb) if nb is not None else contiguous_strides(self.type, self.ne)  # type: ignore[assignment]
+        dense = contiguous_strides(self.type, self.ne)
+        nb = tuple(int(b) for b in nb) if nb is not None else ()
+        # Strides not given for the outer dims continue densely from the last one given.
+        for i in range(len(nb), MAX_DIMS):
+            nb += (dense[0] if i == 0 else nb[i - 1] * self.ne[i - 1],)
+        self.nb: tuple[int, int, int, int] = nb  # type: ignore[assignment]
         self.op = op
         self.op_params = tuple(op_params)
         self.src: tuple[Tensor, ...] = tuple(src)
@@ -84,6 +89,8 @@ class Tensor:
         """Bytes spanned from the first to one past the last element (what an allocation needs)."""
         if self.nelements == 0:
             return 0
+        if self.type.block_size == 1:  # elements may be strided too (a transposed view)
+            return self.type.type_size + sum((self.ne[i] - 1) * self.nb[i] for i in range(MAX_DIMS))
         return self.row_bytes + sum((self.ne[i] - 1) * self.nb[i] for i in range(1, MAX_DIMS))
 
     def is_contiguous(self) -> bool:
