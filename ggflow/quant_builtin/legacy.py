@@ -104,8 +104,9 @@ def _clamped_nibble(v: np.ndarray, bias: float, top: int) -> np.ndarray:
 def _scale_values(q: np.ndarray, d: np.ndarray, m: np.ndarray | None = None) -> np.ndarray:
     """``q*d`` (then ``+ m``) in float32, as C does. q*d has at most 16 significant bits, so it
     is exact in float32 and a compiler contracting ``q*d + m`` into an FMA gets the same result."""
-    x = q.astype(np.float32) * fp16_to_fp32(d)[:, None]
-    return x if m is None else x + fp16_to_fp32(m)[:, None]
+    with np.errstate(invalid="ignore"):  # an inf scale (stored by ggml for huge blocks) gives NaN
+        x = q.astype(np.float32) * fp16_to_fp32(d)[:, None]
+        return x if m is None else x + fp16_to_fp32(m)[:, None]
 
 
 # -- Q4_0 ------------------------------------------------------------------------------------
