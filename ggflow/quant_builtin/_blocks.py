@@ -59,14 +59,6 @@ def round_half_away(x: np.ndarray) -> np.ndarray:
     return np.where(bump, whole + np.sign(x), whole).astype(np.float32)
 
 
-def nearest_int(x: np.ndarray) -> np.ndarray:
-    """ggml's ``nearest_int`` (the 1.5*2^23 magic-number trick): round half to even, as int32.
-
-    Valid, as in ggml, for |x| <= 4194303; float32 ``rint`` is the same function there.
-    """
-    return np.rint(np.asarray(x, dtype=np.float32)).astype(np.int32)
-
-
 def c_float_to_int32(x: np.ndarray) -> np.ndarray:
     """C float -> int conversion as x86-64 does it (``cvttss2si``): truncate toward zero;
     NaN and values outside int32 give INT32_MIN. Defined for every input, unlike numpy's cast."""
