@@ -83,8 +83,14 @@ class Registry(Generic[T]):
         return len(self._by_name)
 
 
+def _is_own(ep: metadata.EntryPoint) -> bool:
+    return ep.dist is not None and ep.dist.name.lower() == "ggflow"
+
+
 def _names_of(obj: Any) -> tuple[str, ...]:
     names = getattr(obj, "names", None) or (getattr(obj, "name", None),)
+    if isinstance(names, str):  # names = "llama" is one name, not five
+        names = (names,)
     if not all(isinstance(n, str) and n for n in names):
         raise PluginError(f"registered object {obj!r} has no 'name' (or 'names') to register it under")
     return tuple(names)
@@ -94,7 +100,8 @@ class PluginManager:
     def __init__(self, autoload: bool = True):
         self.pm = pluggy.PluginManager("ggflow")
         self.pm.add_hookspecs(hookspecs)
-        self.failures: list[PluginFailure] = []
+        self._load_failures: list[PluginFailure] = []   # imports and registrations: kept
+        self._hook_failures: list[PluginFailure] = []   # raised in hooks: redone with the registries
         self._sources: dict[int, Source] = {}   # id(plugin object) -> where it came from
         self._registries: dict[str, Registry] | None = None
         self._lock = threading.RLock()
@@ -106,21 +113,21 @@ class PluginManager:
         builtins_only = os.environ.get("GGFLOW_DISABLE_PLUGIN_AUTOLOAD", "") not in ("", "0")
         eps = metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP)
         seen_own = False
-        for ep in sorted(eps, key=lambda e: (e.dist.name if e.dist else "", e.name)):
+        # ggflow's own plugins first, so a third-party registration of the same name overrides a built-in.
+        for ep in sorted(eps, key=lambda e: (not _is_own(e), e.dist.name if e.dist else "", e.name)):
             dist = ep.dist.name if ep.dist else None
-            own = dist is not None and dist.lower() == "ggflow"
+            own = _is_own(ep)
             seen_own |= own
             if builtins_only and not own:
                 continue
             source = Source(ep.name, dist, ep.dist.version if ep.dist else None)
             try:
-                plugin = ep.load()
+                # register() fails too when a hookimpl's signature doesn't match its spec.
+                self.register(ep.load(), source)
             except Exception as exc:
                 self._fail(source, exc)
-                continue
-            self.register(plugin, source)
         if not seen_own:
-            self.failures.append(PluginFailure(
+            self._load_failures.append(PluginFailure(
                 "ggflow", None, "the ggflow distribution's entry points were not found: "
                 "install the package (pip install -e .) so its built-in plugins can be discovered", ""))
 
@@ -137,12 +144,14 @@ class PluginManager:
 
     def unregister(self, plugin: Any) -> None:
         with self._lock:
+            if not self.pm.is_registered(plugin):  # idempotent, like register (pluggy would assert)
+                return
             self.pm.unregister(plugin)
             self._sources.pop(id(plugin), None)
             self._registries = None
 
     def _fail(self, source: Source, exc: BaseException) -> None:
-        self.failures.append(PluginFailure(
+        self._load_failures.append(PluginFailure(
             source.plugin, source.distribution, f"{type(exc).__name__}: {exc}",
             "".join(traceback.format_exception(exc))))
 
@@ -155,21 +164,20 @@ class PluginManager:
             return self._registries
 
     def _build_registries(self) -> dict[str, Registry]:
-        # Failures of hooks are rebuilt each time, import failures are kept.
-        self.failures = [f for f in self.failures if not f.error.startswith("in hook ")]
+        self._hook_failures = []
         registries = {}
         for seam, (hook_name, kind) in SEAMS.items():
             registry: Registry = Registry(kind)
-            # pluggy calls the last registered first; register in registration order so a later
-            # plugin may override an earlier one's name.
-            for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            # get_hookimpls() is in registration order (pluggy *calls* them in reverse): walking it
+            # forward lets a later plugin override an earlier one's name.
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 source = self._sources.get(id(impl.plugin), Source(impl.plugin_name))
                 collected: list[Any] = []
                 try:
                     impl.function(register=collected.append)
                     named = [(name, obj) for obj in collected for name in _names_of(obj)]
                 except Exception as exc:
-                    self.failures.append(PluginFailure(
+                    self._hook_failures.append(PluginFailure(
                         source.plugin, source.distribution, f"in hook {hook_name}: {type(exc).__name__}: {exc}",
                         "".join(traceback.format_exception(exc))))
                     continue
@@ -177,6 +185,13 @@ class PluginManager:
                     registry.add(name, obj, source)
             registries[seam] = registry
         return registries
+
+    @property
+    def failures(self) -> list[PluginFailure]:
+        """Plugins that failed to import, to register, or inside a hook (which only running the hooks shows)."""
+        with self._lock:
+            self.registries  # noqa: B018  (builds them if stale: hook failures show only when hooks run)
+            return [*self._load_failures, *self._hook_failures]
 
     @property
     def architectures(self) -> Registry: return self.registries["architectures"]

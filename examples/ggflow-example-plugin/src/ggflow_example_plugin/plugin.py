@@ -1,0 +1,18 @@
+"""The module the ``ggflow`` entry point names: ggflow calls these hooks, each registers what it adds.
+
+Importing this module does no work; ggflow calls the hooks when it first builds its registries.
+"""
+from ggflow.plugins import hookimpl
+
+from ggflow_example_plugin.backend import ExampleNumpyBackend
+from ggflow_example_plugin.sampler import ArgMin
+
+
+@hookimpl
+def register_samplers(register):
+    register(ArgMin)  # the class is the factory: make_sampler("example_argmin") calls ArgMin()
+
+
+@hookimpl
+def register_backends(register):
+    register(ExampleNumpyBackend)

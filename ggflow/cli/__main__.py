@@ -1,0 +1,5 @@
+import sys
+
+from ggflow.cli import main
+
+sys.exit(main())
