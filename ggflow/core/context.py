@@ -1,0 +1,177 @@
+"""Context.decode(batch): the inference loop.
+
+For each ubatch: find KV slots (no room: status 1, cache untouched), reuse the previous graph when its
+shape parameters (n_tokens, n_outputs, n_kv) are equal or build and allocate a new one, set the inputs
+(token ids, positions, KV indices, mask, output ids), compute, and keep the logits of the tokens that
+asked for them.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ggflow.core.backend import Backend
+from ggflow.core.batch import Batch, BatchError, UBatch
+from ggflow.core.graph import Graph
+from ggflow.core.graph_builder import GraphBuilder
+from ggflow.core.memory import MAX_SEQ, KVCache, Slot
+from ggflow.core.model import Model
+from ggflow.core.scheduler import Scheduler
+from ggflow.core.tensor import Tensor
+from ggflow.errors import BackendError
+
+DECODE_OK = 0
+DECODE_NO_KV_SLOT = 1   # llama.cpp's contract: the batch did not fit; nothing changed
+
+
+def make_backends(names: "str | Sequence[str]" = "auto", n_threads: int | None = None) -> list[Backend]:
+    """Instantiate backends by name ("auto": every available one by priority); the CPU always comes last."""
+    from ggflow.plugins.manager import get_plugin_manager
+
+    registry = get_plugin_manager().backends
+    if names == "auto":
+        classes = [r.obj for r in registry if r.obj.is_available()]
+        classes.sort(key=lambda c: -c.priority)
+    else:
+        classes = [registry.get(n) for n in ([names] if isinstance(names, str) else names)]
+    if "cpu" not in [c.name for c in classes]:
+        classes.append(registry.get("cpu"))
+    classes = [c for c in classes if c.name != "cpu"] + [c for c in classes if c.name == "cpu"]
+    backends = []
+    for cls in classes:
+        availability = cls.is_available()
+        if not availability:
+            raise BackendError(f"backend {cls.name!r} is not available: {availability.reason}")
+        accepts_threads = "n_threads" in inspect.signature(cls).parameters
+        backends.append(cls(n_threads=n_threads) if accepts_threads else cls())
+    return backends
+
+
+@dataclass
+class _BuiltGraph:
+    key: tuple[int, int, int]
+    graph: Graph
+    builder: GraphBuilder
+    logits: Tensor
+
+
+class Context:
+    def __init__(self, model: Model, n_ctx: int | None = None, n_ubatch: int = 512,
+                 type_k: str = "F16", type_v: str = "F16", backends: "str | Sequence[str]" = "auto",
+                 n_threads: int | None = None):
+        self.model = model
+        self.n_ctx = int(n_ctx or min(model.hparams.n_ctx_train, 4096))
+        self.n_ubatch = max(1, min(n_ubatch, self.n_ctx))
+        self.backends = make_backends(backends, n_threads)
+        self.scheduler = Scheduler(self.backends)
+        self.kv = KVCache(model.hparams, self.n_ctx, self.backends[0], type_k, type_v)
+        self._built: _BuiltGraph | None = None
+        self.n_graph_builds = 0
+        self.n_graph_reuses = 0
+        self._logits = np.zeros((0, model.hparams.n_vocab), np.float32)
+        self._logit_row: dict[int, int] = {}   # batch index -> row of _logits
+
+    # -- validation ----------------------------------------------------------------------------
+    def _validate(self, batch: Batch) -> None:
+        hp = self.model.hparams
+        if batch.n_tokens == 0:
+            raise BatchError("the batch is empty")
+        if batch.n_tokens > self.n_ctx:
+            raise BatchError(f"the batch has {batch.n_tokens} tokens, more than the context size {self.n_ctx}")
+        bad = np.flatnonzero((batch.tokens < 0) | (batch.tokens >= hp.n_vocab))
+        if len(bad):
+            raise BatchError(f"token id {int(batch.tokens[bad[0]])} at batch index {int(bad[0])} is outside "
+                             f"the vocabulary [0, {hp.n_vocab})")
+        if ((batch.seq_id < 0) | (batch.seq_id >= MAX_SEQ)).any():
+            raise BatchError(f"sequence ids must be in [0, {MAX_SEQ})")
+        if (batch.pos < 0).any():
+            raise BatchError("positions must be non-negative")
+        for s in np.unique(batch.seq_id):
+            pos = batch.pos[batch.seq_id == s]
+            if (np.diff(pos) != 1).any():
+                raise BatchError(f"positions of sequence {s} in the batch must increase by one: {pos.tolist()}")
+            last = self.kv.seq_pos_max(int(s))
+            if last >= 0 and pos[0] != last + 1:
+                raise BatchError(f"sequence {s} ends at position {last} in the KV cache; the batch must continue "
+                                 f"at {last + 1}, not {pos[0]} (remove positions with seq_rm to rewrite them)")
+            if hp.n_rot == 0 and pos[-1] >= hp.n_ctx_train:
+                raise BatchError(f"position {pos[-1]} is beyond the model's {hp.n_ctx_train} learned positions")
+
+    # -- decoding ------------------------------------------------------------------------------
+    def decode(self, batch: Batch) -> int:
+        """Evaluate a batch. 0: done; 1: the KV cache has no room for it (cache unchanged)."""
+        self._validate(batch)
+        if int((self.kv.pos < 0).sum()) < batch.n_tokens:
+            return DECODE_NO_KV_SLOT
+        if self.kv.has_shift:
+            self._apply_k_shift()
+        saved = (self.kv.pos.copy(), self.kv.seq.copy())
+        outputs: list[np.ndarray] = []
+        try:
+            for ub in batch.split(self.n_ubatch):
+                slot = self.kv.find_slot(ub)
+                if slot is None:  # cannot happen after the check above, but never half-apply a batch
+                    self.kv.pos, self.kv.seq = saved
+                    return DECODE_NO_KV_SLOT
+                outputs.append(self._compute_ubatch(ub, slot))
+                self.kv.commit(slot)
+        except BaseException:
+            self.kv.pos, self.kv.seq = saved
+            raise
+        self._logits = np.concatenate(outputs) if outputs else self._logits[:0]
+        self._logit_row = {int(i): r for r, i in enumerate(np.flatnonzero(batch.logits))}
+        return DECODE_OK
+
+    def _graph_for(self, ub: UBatch, n_kv: int) -> _BuiltGraph:
+        key = (ub.n_tokens, ub.n_outputs, n_kv)
+        if self._built is not None and self._built.key == key:
+            self.n_graph_reuses += 1
+            return self._built
+        builder = GraphBuilder(self.model, self.kv, *key)
+        logits = self.model.arch.build_graph(builder)
+        graph = builder.finish(logits)
+        self.scheduler.alloc(graph)
+        self.n_graph_builds += 1
+        self._built = _BuiltGraph(key, graph, builder, logits)
+        return self._built
+
+    def _compute_ubatch(self, ub: UBatch, slot: Slot) -> np.ndarray:
+        built = self._graph_for(ub, slot.n_kv)
+        b, sched = built.builder, self.scheduler
+        sched.set_input(b.inp_tokens, ub.tokens)
+        sched.set_input(b.inp_pos, ub.pos)
+        sched.set_input(b.inp_kv_idxs, slot.cells)
+        sched.set_input(b.inp_kq_mask, self.kv.mask(slot, ub))
+        sched.set_input(b.inp_out_ids, np.flatnonzero(ub.logits).astype(np.int32))
+        sched.compute(built.graph)
+        if ub.n_outputs == 0:
+            return np.zeros((0, self.model.hparams.n_vocab), np.float32)
+        return sched.get_output(built.logits).reshape(ub.n_outputs, -1)
+
+    def _apply_k_shift(self) -> None:
+        from ggflow.core.kv_shift import apply_k_shift
+        apply_k_shift(self.kv, self.backends)
+
+    # -- results -------------------------------------------------------------------------------
+    def get_logits(self) -> np.ndarray:
+        """Logits of the last decode's output tokens, [n_outputs, n_vocab], in batch order."""
+        return self._logits
+
+    def get_logits_ith(self, i: int) -> np.ndarray:
+        """Logits of batch token i (negative: from the end of the outputs)."""
+        if i < 0:
+            i = sorted(self._logit_row)[i]
+        if i not in self._logit_row:
+            raise BatchError(f"batch token {i} did not ask for logits")
+        return self._logits[self._logit_row[i]]
+
+    # -- memory ----------------------------------------------------------------------------------
+    def clear(self) -> None:
+        self.kv.clear()
+
+    @property
+    def n_ctx_used(self) -> int:
+        return self.kv.n_used

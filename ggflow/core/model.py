@@ -1,0 +1,195 @@
+"""Model: a GGUF file opened as hyperparameters, memory-mapped weights and an architecture.
+
+Weights are views into the memory map (no copy, no dequantization at load): each is a Tensor whose
+buffer is one HostBuffer over the whole mapped file, at the tensor's data offset. The architecture is
+looked up in the plugin registry by ``general.architecture``; it reads its hyperparameters and says
+which tensors it needs with which shapes, so a file that lacks one, or has it misshapen, fails at load
+with the tensor's name and both shapes.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ggflow.core.backend import HostBuffer
+from ggflow.core.tensor import Tensor, TensorFlag
+from ggflow.errors import GGFlowError, ModelLoadError, UnknownNameError
+
+if TYPE_CHECKING:
+    import gguf
+
+    from ggflow.core.arch import Architecture
+
+
+class Metadata:
+    """Typed access to a GGUF file's key/value metadata, with errors that name the file and key."""
+
+    def __init__(self, reader: "gguf.GGUFReader", path: str):
+        self.reader, self.path = reader, path
+        self.arch = str(self.get("general.architecture", ""))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        field = self.reader.fields.get(key)
+        if field is None:
+            return default
+        try:
+            return field.contents()
+        except Exception as exc:  # a malformed value in an otherwise readable file
+            raise ModelLoadError(f"{self.path}: metadata key {key!r} is unreadable: {exc}") from exc
+
+    def require(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise ModelLoadError(f"{self.path}: required metadata key {key!r} is missing")
+        return value
+
+    def arch_get(self, suffix: str, default: Any = None) -> Any:
+        """A key under the architecture's prefix, e.g. arch_get("block_count") -> llama.block_count."""
+        return self.get(f"{self.arch}.{suffix}", default)
+
+    def arch_require(self, suffix: str) -> Any:
+        return self.require(f"{self.arch}.{suffix}")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.reader.fields
+
+
+@dataclass
+class HParams:
+    """The hyperparameters every built-in architecture is described by (as llama_hparams is)."""
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_embd_head_k: int
+    n_embd_head_v: int
+    n_rot: int = 0                   # dims of each head that RoPE rotates (0: no RoPE)
+    rope_type: int = -1              # ops.ROPE_NORMAL / ops.ROPE_NEOX / -1 none
+    rope_freq_base: float = 10000.0
+    rope_freq_scale: float = 1.0
+    norm_eps: float = 1e-5           # LayerNorm
+    norm_rms_eps: float = 1e-5       # RMSNorm
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_embd_k_gqa(self) -> int:
+        return self.n_embd_head_k * self.n_head_kv
+
+    @property
+    def n_embd_v_gqa(self) -> int:
+        return self.n_embd_head_v * self.n_head_kv
+
+
+def open_gguf(path: str | os.PathLike) -> "gguf.GGUFReader":
+    """Open a GGUF file memory-mapped; a truncated or malformed file is a ModelLoadError naming it."""
+    import gguf
+
+    path = str(path)
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"{path}: no such model file")
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as exc:  # gguf raises ValueError, IndexError, struct errors... on bad files
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+    size = os.path.getsize(path)
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise ModelLoadError(f"{path}: tensor {t.name!r} ends at byte {t.data_offset + t.n_bytes} "
+                                 f"but the file has {size} bytes (truncated?)")
+    return reader
+
+
+class Model:
+    def __init__(self, path: str, reader: "gguf.GGUFReader", arch: "Architecture", hparams: HParams,
+                 weights: dict[str, Tensor], buffer: HostBuffer | None):
+        self.path, self.reader, self.arch, self.hparams = path, reader, arch, hparams
+        self.weights, self.buffer = weights, buffer
+        self.metadata = Metadata(reader, path)
+        self._vocab = None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Model":
+        from ggflow.plugins.manager import get_plugin_manager
+
+        path = str(path)
+        reader = open_gguf(path)
+        meta = Metadata(reader, path)
+        if not meta.arch:
+            raise ModelLoadError(f"{path}: general.architecture is missing")
+        try:
+            arch = get_plugin_manager().architectures.get(meta.arch)
+        except UnknownNameError as exc:
+            raise ModelLoadError(f"{path}: {exc}") from None
+        hparams = arch.load_hparams(meta)
+        buffer = HostBuffer(np.asarray(reader.data).view(np.uint8).reshape(-1), "cpu")
+        weights = _map_weights(path, reader, buffer)
+        _check_tensors(path, arch.tensor_shapes(hparams), weights)
+        return cls(path, reader, arch, hparams, weights, buffer)
+
+    def weight(self, name: str) -> Tensor:
+        try:
+            return self.weights[name]
+        except KeyError:
+            raise ModelLoadError(f"{self.path}: tensor {name!r} is missing") from None
+
+    def get(self, name: str) -> Tensor | None:
+        """An optional weight (a bias some files have and some don't)."""
+        return self.weights.get(name)
+
+    @property
+    def vocab(self):
+        if self._vocab is None:
+            from ggflow.core.vocab import Vocab
+            self._vocab = Vocab.from_gguf_reader(self.reader)
+        return self._vocab
+
+    @property
+    def n_params(self) -> int:
+        return sum(t.nelements for t in self.weights.values())
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(t.nbytes for t in self.weights.values())
+
+    def __repr__(self) -> str:
+        return f"Model({Path(self.path).name}: {self.metadata.arch}, {self.hparams.n_layer} layers)"
+
+
+def _map_weights(path: str, reader: "gguf.GGUFReader", buffer: HostBuffer) -> dict[str, Tensor]:
+    from ggflow.core.types import type_traits
+
+    weights: dict[str, Tensor] = {}
+    for rt in reader.tensors:
+        try:
+            traits = type_traits(int(rt.tensor_type))
+        except GGFlowError as exc:
+            raise ModelLoadError(f"{path}: tensor {rt.name!r} has a type no plugin provides: {exc}") from None
+        ne = [int(n) for n in rt.shape]
+        t = Tensor(traits, ne, name=rt.name, flags=TensorFlag.PARAM)
+        if t.nbytes != int(rt.n_bytes):
+            raise ModelLoadError(f"{path}: tensor {rt.name!r} of type {traits.name} and shape {ne} should "
+                                 f"take {t.nbytes} bytes, the file says {int(rt.n_bytes)}")
+        t.buffer, t.offset = buffer, int(rt.data_offset)
+        weights[rt.name] = t
+    return weights
+
+
+def _check_tensors(path: str, expected: dict[str, tuple[tuple[int, ...], bool]],
+                   weights: dict[str, Tensor]) -> None:
+    """expected: name -> (ne, required). Names the first tensor that is missing or misshapen."""
+    for name, (ne, required) in expected.items():
+        t = weights.get(name)
+        if t is None:
+            if required:
+                raise ModelLoadError(f"{path}: tensor {name!r} is missing (expected shape {list(ne)})")
+            continue
+        if t.ne[: len(ne)] != tuple(ne) or any(n != 1 for n in t.ne[len(ne):]):
+            raise ModelLoadError(f"{path}: tensor {name!r} has shape {list(t.ne[:t.n_dims])}, "
+                                 f"expected {list(ne)}")
