@@ -226,7 +226,7 @@ def test_plugin_that_fails_to_import_is_reported_and_the_rest_load(site_dir):
     site_dir("good-plugin", "good", GOOD_PLUGIN, version="1.4")
     manager = PluginManager()
     [failure] = [f for f in manager.failures if f.plugin == "broken"]
-    assert failure.distribution == "broken-plugin"
+    assert (failure.distribution, failure.version) == ("broken-plugin", "0.3")
     assert failure.error == "ImportError: needs libfoo 2.0"
     reg = manager.samplers.registration("throwaway_last")
     assert (reg.source.distribution, reg.source.version, reg.source.plugin) == ("good-plugin", "1.4", "good")
@@ -260,6 +260,17 @@ def test_disable_autoload_loads_only_ggflow_entry_points(site_dir, monkeypatch, 
     if not third_party_loaded:
         sources = {reg.source.distribution for registry in manager.registries.values() for reg in registry}
         assert sources == {"ggflow"}
+
+
+def test_registering_an_object_without_a_name_is_reported():
+    class Nameless:
+        pass
+
+    manager = PluginManager(autoload=False)
+    manager.register(SamplerPlugin(Nameless, PickNth), "careless")
+    [failure] = manager.failures
+    assert failure.plugin == "careless" and "has no 'name'" in failure.error
+    assert "test_pick_nth" not in manager.samplers  # a hook's registrations count only if the hook succeeds
 
 
 # -- sampler chain ---------------------------------------------------------------------------------
@@ -456,11 +467,35 @@ def test_cli_plugins_reports_failures_one_line_each_and_tracebacks_when_verbose(
     assert main(["plugins"]) == 0
     text = capsys.readouterr().out
     failure_lines = [line for line in text.splitlines() if line.startswith("  bad (")]
-    assert failure_lines == ["  bad (bad-dist): in hook register_samplers: RuntimeError: sampler table is corrupt"]
+    assert failure_lines == ["  bad (bad-dist 2.0): in hook register_samplers: RuntimeError: sampler table is corrupt"]
     assert "Traceback" not in text
     assert main(["plugins", "--verbose", "--json"]) == 0
     [failure] = [f for f in json.loads(capsys.readouterr().out)["failures"] if f["plugin"] == "bad"]
     assert "Traceback" in failure["traceback"] and "sampler table is corrupt" in failure["traceback"]
+
+
+def test_cli_lists_a_backend_whose_probe_raises_as_unavailable(registered, capsys):
+    from ggflow.core.backend import Backend
+
+    class Crashing(Backend):
+        name = "test_crashing"
+
+        @classmethod
+        def is_available(cls):
+            raise OSError("driver exploded")
+
+        def alloc_buffer(self, size): ...
+        def compute(self, nodes, substitutes=None): ...
+
+    class Plugin:
+        @hookimpl
+        def register_backends(self, register):
+            register(Crashing)
+
+    registered(Plugin(), "crashing")
+    assert main(["plugins", "--json"]) == 0
+    [entry] = [e for e in json.loads(capsys.readouterr().out)["backends"] if e["name"] == "test_crashing"]
+    assert entry["available"] is False and entry["reason"] == "is_available() raised OSError: driver exploded"
 
 
 def test_cli_reports_ggflow_errors_in_one_line_with_exit_code_2(monkeypatch, capsys):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from importlib import metadata
 from typing import Any
 
 from ggflow import __version__
@@ -38,7 +37,7 @@ def plugin_report(manager: PluginManager, with_tracebacks: bool = False) -> dict
         entries.sort(key=(lambda e: e["type_id"]) if seam == "quant_types" else (lambda e: e["name"]))
         report[seam] = entries
     report["failures"] = [
-        {"plugin": f.plugin, "distribution": f.distribution, "version": _version_of(f.distribution),
+        {"plugin": f.plugin, "distribution": f.distribution, "version": f.version,
          "error": f.error, **({"traceback": f.traceback} if with_tracebacks else {})}
         for f in manager.failures]
     return report
@@ -69,15 +68,6 @@ def _availability(backend_cls: Any) -> tuple[bool, str]:
 def _qualified_name(obj: Any) -> str:
     target = obj if hasattr(obj, "__qualname__") else type(obj)
     return f"{target.__module__}:{target.__qualname__}"
-
-
-def _version_of(distribution: str | None) -> str | None:
-    if distribution is None:
-        return None
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 # -- the text listing ----------------------------------------------------------------------------
@@ -119,5 +109,7 @@ def _origin_of(distribution: str | None, version: str | None) -> str:
 
 
 def _table(rows: list[list[str]]) -> list[str]:
+    keep = [i for i in range(len(rows[0])) if any(row[i] for row in rows)]  # no gap for an empty column
+    rows = [[row[i] for i in keep] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -49,6 +49,7 @@ class PluginFailure:
     distribution: str | None
     error: str          # one line: the exception type and message
     traceback: str
+    version: str | None = None
 
 
 class Registry(Generic[T]):
@@ -153,7 +154,7 @@ class PluginManager:
     def _fail(self, source: Source, exc: BaseException) -> None:
         self._load_failures.append(PluginFailure(
             source.plugin, source.distribution, f"{type(exc).__name__}: {exc}",
-            "".join(traceback.format_exception(exc))))
+            "".join(traceback.format_exception(exc)), source.version))
 
     # -- registries --------------------------------------------------------------------------
     @property
@@ -179,7 +180,7 @@ class PluginManager:
                 except Exception as exc:
                     self._hook_failures.append(PluginFailure(
                         source.plugin, source.distribution, f"in hook {hook_name}: {type(exc).__name__}: {exc}",
-                        "".join(traceback.format_exception(exc))))
+                        "".join(traceback.format_exception(exc)), source.version))
                     continue
                 for name, obj in named:
                     registry.add(name, obj, source)
