@@ -1,0 +1,117 @@
+"""Loading GGUF models: weights are views of the file, hyperparameters per architecture, bad files named."""
+from __future__ import annotations
+
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+
+from ggflow.core.model import Model
+from ggflow.errors import ModelLoadError
+from tests.fixtures.tiny_models import SPECS, write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    for arch in SPECS:
+        write_tiny_model(d / f"{arch}.gguf", arch)
+    return d
+
+
+@pytest.mark.parametrize("arch", list(SPECS))
+def test_hparams_and_weights_come_from_the_file(tiny_dir, arch):
+    model = Model.load(tiny_dir / f"{arch}.gguf")
+    spec, hp = SPECS[arch], model.hparams
+    assert (hp.n_embd, hp.n_layer, hp.n_head, hp.n_head_kv, hp.n_ff) == (
+        spec.n_embd, spec.n_layer, spec.n_head, spec.n_head_kv, spec.n_ff)
+    assert model.arch.names[0] == arch
+    reader = gguf.GGUFReader(tiny_dir / f"{arch}.gguf")
+    for rt in reader.tensors:
+        t = model.weights[rt.name]
+        np.testing.assert_array_equal(t.numpy().reshape(-1), np.asarray(rt.data).reshape(-1))
+
+
+def test_weights_are_views_of_the_memory_map_not_copies(tiny_dir):
+    model = Model.load(tiny_dir / "llama.gguf")
+    arr = model.weights["blk.0.attn_q.weight"].numpy()
+    assert not arr.flags.owndata
+    base = arr
+    while base.base is not None and not isinstance(base, np.memmap):
+        base = base.base
+    assert isinstance(base, np.memmap)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such model file"):
+        Model.load(tmp_path / "nope.gguf")
+
+
+def test_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"this is not a gguf file at all" * 10)
+    with pytest.raises(ModelLoadError, match="bad.gguf"):
+        Model.load(bad)
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.9, 0.999])
+def test_truncated_file_is_named_not_a_crash(tiny_dir, tmp_path, keep):
+    src = tiny_dir / "llama.gguf"
+    data = src.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(ModelLoadError, match="cut.gguf"):
+        Model.load(cut)
+
+
+def test_truncated_in_the_header(tiny_dir, tmp_path):
+    cut = tmp_path / "header.gguf"
+    cut.write_bytes((tiny_dir / "llama.gguf").read_bytes()[:200])
+    with pytest.raises(ModelLoadError, match="header.gguf"):
+        Model.load(cut)
+
+
+def _rewrite(src, dst, *, arch=None, drop=None, reshape=None):
+    """Copy a GGUF file changing its architecture name, dropping or reshaping one tensor."""
+    reader = gguf.GGUFReader(src)
+    arch_name = arch or reader.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(dst), arch_name)
+    old_arch = reader.fields["general.architecture"].contents()
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = field.contents()
+        vtype = field.types[0]
+        new_key = key.replace(f"{old_arch}.", f"{arch_name}.", 1)
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(new_key, value, vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(new_key, value, vtype)
+    for t in reader.tensors:
+        if t.name == drop:
+            continue
+        data = np.asarray(t.data)
+        if t.name == reshape:
+            data = data.reshape(-1)[: data.size // 2].reshape(data.shape[0] // 2, -1)
+        w.add_tensor(t.name, data)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    return dst
+
+
+def test_unknown_architecture_is_named_with_the_registered_ones(tiny_dir, tmp_path):
+    path = _rewrite(tiny_dir / "llama.gguf", tmp_path / "m.gguf", arch="mamba9")
+    with pytest.raises(ModelLoadError, match=r"mamba9.*llama"):
+        Model.load(path)
+
+
+def test_missing_tensor_is_named(tiny_dir, tmp_path):
+    path = _rewrite(tiny_dir / "llama.gguf", tmp_path / "m.gguf", drop="blk.1.ffn_up.weight")
+    with pytest.raises(ModelLoadError, match=r"blk\.1\.ffn_up\.weight.*missing"):
+        Model.load(path)
+
+
+def test_misshapen_tensor_names_both_shapes(tiny_dir, tmp_path):
+    path = _rewrite(tiny_dir / "llama.gguf", tmp_path / "m.gguf", reshape="blk.0.attn_k.weight")
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_k\.weight.*\[128, 32\].*expected \[128, 64\]"):
+        Model.load(path)
