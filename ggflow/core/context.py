@@ -141,11 +141,16 @@ class Context:
     def _compute_ubatch(self, ub: UBatch, slot: Slot) -> np.ndarray:
         built = self._graph_for(ub, slot.n_kv)
         b, sched = built.builder, self.scheduler
-        sched.set_input(b.inp_tokens, ub.tokens)
-        sched.set_input(b.inp_pos, ub.pos)
-        sched.set_input(b.inp_kv_idxs, slot.cells)
-        sched.set_input(b.inp_kq_mask, self.kv.mask(slot, ub))
-        sched.set_input(b.inp_out_ids, np.flatnonzero(ub.logits).astype(np.int32))
+        inputs = {
+            b.inp_tokens: ub.tokens,
+            b.inp_pos: ub.pos,
+            b.inp_kv_idxs: slot.cells,
+            b.inp_kq_mask: self.kv.mask(slot, ub),
+            b.inp_out_ids: np.flatnonzero(ub.logits).astype(np.int32),
+        }
+        for tensor, data in inputs.items():
+            if tensor in built.graph:  # an architecture may not use every input (gpt2: no RoPE)
+                sched.set_input(tensor, data)
         sched.compute(built.graph)
         if ub.n_outputs == 0:
             return np.zeros((0, self.model.hparams.n_vocab), np.float32)

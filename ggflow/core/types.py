@@ -70,10 +70,9 @@ def _float_to_i32(blocks: np.ndarray) -> np.ndarray:
 I32 = TypeTraits("I32", 26, 1, 4, _i32_to_float, _float_to_i32, "I32", numpy_dtype=np.dtype(np.int32))
 
 
-def _register_core_types(register) -> None:
-    register(I32)
-
-
 from ggflow.plugins.hookspecs import hookimpl  # noqa: E402  (after the definitions it registers)
 
-register_quant_types = hookimpl(_register_core_types, specname="register_quant_types")
+
+@hookimpl
+def register_quant_types(register) -> None:
+    register(I32)
