@@ -114,7 +114,7 @@ def get_rows(a: Tensor, rows: Tensor) -> Tensor:
     """Gather rows of a (any type, e.g. a quantized embedding) by I32 ids: -> F32 [ne0, n, ...]."""
     if rows.type.name != "I32":
         raise _fail("get_rows", f"row ids must be I32, not {rows.type.name}", rows)
-    if rows.ne[2] != a.ne[2] or rows.ne[3] != 1 or a.ne[3] != 1:
+    if rows.ne[1] != a.ne[2] or rows.ne[2] != a.ne[3] or rows.ne[3] != 1:  # as ggml_get_rows
         raise _fail("get_rows", "ids [n, B] must match a [ne0, rows, B]", a, rows)
     return _op("F32", (a.ne[0], rows.ne[0], rows.ne[1], rows.ne[2]), "get_rows", (a, rows))
 

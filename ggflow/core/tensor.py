@@ -54,7 +54,12 @@ class Tensor:
         nb = tuple(int(b) for b in nb) if nb is not None else ()
         # Strides not given for the outer dims continue densely from the last one given.
         for i in range(len(nb), MAX_DIMS):
-            nb += (dense[0] if i == 0 else nb[i - 1] * self.ne[i - 1],)
+            if i == 0:
+                nb += (dense[0],)
+            elif i == 1:  # a row holds ne[0] / block_size blocks
+                nb += (nb[0] * (self.ne[0] // self.type.block_size),)
+            else:
+                nb += (nb[i - 1] * self.ne[i - 1],)
         self.nb: tuple[int, int, int, int] = nb  # type: ignore[assignment]
         self.op = op
         self.op_params = tuple(op_params)
