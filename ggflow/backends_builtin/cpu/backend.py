@@ -1,0 +1,120 @@
+"""CPUBackend: runs every op on the host with numba and numpy kernels; the fallback of last resort.
+
+compile() binds each node's kernel to numpy views of its sources and destination once, so running the
+plan again (every decode step of a reused graph) costs one Python call per node. Kernels are imported on
+first compile, so registering the backend (``ggflow plugins``) does not load numba.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, ClassVar, Mapping, Sequence
+
+from ggflow.core.backend import Backend, HostBuffer
+from ggflow.core.tensor import Tensor
+from ggflow.errors import BackendError
+
+Kernel = Callable[[], None]
+Binder = Callable[..., Kernel]
+
+# Views compute nothing: their memory is their source's. (set_rows and cpy are views that write.)
+NOTHING_TO_RUN = frozenset({"view", "reshape", "permute", "transpose"})
+
+
+class CPUPlan:
+    """A compiled run of nodes: their bound kernels, called in order."""
+
+    __slots__ = ("kernels", "n_threads")
+
+    def __init__(self, kernels: list[Kernel], n_threads: int | None):
+        self.kernels = kernels
+        self.n_threads = n_threads
+
+    def __call__(self) -> None:
+        if self.n_threads is None:
+            for kernel in self.kernels:
+                kernel()
+            return
+        import numba
+        previous = numba.get_num_threads()
+        numba.set_num_threads(self.n_threads)
+        try:
+            for kernel in self.kernels:
+                kernel()
+        finally:
+            numba.set_num_threads(previous)
+
+
+class CPUBackend(Backend):
+    name: ClassVar[str] = "cpu"
+    priority: ClassVar[int] = 0
+    description: ClassVar[str] = "numba and numpy kernels on the host; runs every op (the fallback)"
+
+    def __init__(self, n_threads: int | None = None):
+        """n_threads: numba threads for the parallel kernels (None: numba's default, all cores)."""
+        if n_threads is not None:
+            if n_threads < 1:
+                raise BackendError(f"cpu backend: n_threads must be at least 1, got {n_threads}")
+            import numba
+            n_threads = min(int(n_threads), numba.config.NUMBA_NUM_THREADS)
+        self.n_threads = n_threads
+        self._weights = None  # PackedWeights, made on first use (it imports the kernels)
+
+    def alloc_buffer(self, size: int) -> HostBuffer:
+        return HostBuffer.allocate(size, self.name, self.alignment)
+
+    def supports_op(self, node: Tensor) -> bool:
+        return True
+
+    @property
+    def packed_weights(self):
+        if self._weights is None:
+            from ggflow.backends_builtin.cpu.kernels_matmul import PackedWeights, load_quant_matmul
+            self._weights = PackedWeights(load_quant_matmul())
+        return self._weights
+
+    def prepare_weight(self, tensor: Tensor) -> None:
+        """Pack a weight for the matmul kernels now, so the first compute doesn't (no-op if none apply)."""
+        self.packed_weights.get(tensor)
+
+    def compile(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> CPUPlan:
+        from ggflow.backends_builtin.cpu.arrays import TensorArrays
+        arrays = TensorArrays(substitutes)
+        binders = {**_kernel_binders(), "mul_mat": partial(_mul_mat_binder(), weights=self.packed_weights)}
+        kernels = []
+        for node in nodes:
+            if node.op in NOTHING_TO_RUN or node.nelements == 0:
+                continue
+            bind = binders.get(node.op)
+            if bind is None:
+                raise BackendError(f"the cpu backend has no kernel for op {node.op!r} (node {node!r}); "
+                                   f"it runs: {', '.join(sorted(binders))}")
+            kernels.append(bind(node, arrays))
+        return CPUPlan(kernels, self.n_threads)
+
+    def compute(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> None:
+        self.compile(nodes, substitutes)()
+
+
+def _kernel_binders() -> dict[str, Binder]:
+    from ggflow.backends_builtin.cpu import (
+        kernels_copy, kernels_elementwise, kernels_norm, kernels_rope, kernels_softmax)
+    return {
+        "add": kernels_elementwise.bind_add,
+        "mul": kernels_elementwise.bind_mul,
+        "scale": kernels_elementwise.bind_scale,
+        "silu": kernels_elementwise.bind_silu,
+        "gelu": kernels_elementwise.bind_gelu,
+        "rms_norm": kernels_norm.bind_rms_norm,
+        "norm": kernels_norm.bind_norm,
+        "rope": kernels_rope.bind_rope,
+        "soft_max": kernels_softmax.bind_soft_max,
+        "get_rows": kernels_copy.bind_get_rows,
+        "set_rows": kernels_copy.bind_set_rows,
+        "cpy": kernels_copy.bind_cpy,
+        "cont": kernels_copy.bind_cont,
+    }
+
+
+def _mul_mat_binder() -> Binder:
+    from ggflow.backends_builtin.cpu.kernels_matmul import bind_mul_mat
+    return bind_mul_mat

@@ -1,0 +1,82 @@
+"""Data movement: get_rows, set_rows, cpy, cont. Vectorized numpy over all rows at once.
+
+Conversions follow ggml: any type is read through its to_float (get_rows of a quantized embedding), F32 ->
+F16 rounds to nearest even, and a quantized destination is written through its from_float. A copy between
+tensors of one type moves the stored bytes, so it is exact for every type (nothing is requantized).
+Copies go in ggml's element order (ne[0] fastest), so cpy may also reshape: only element counts must match.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ggflow.backends_builtin.cpu.arrays import TensorArrays, from_f32, is_native_float, store, to_f32
+from ggflow.core.tensor import Tensor
+from ggflow.errors import BackendError
+
+Kernel = Callable[[], None]
+
+
+def check_row_ids(ids: np.ndarray, n_rows: int, node: Tensor) -> None:
+    if ids.size and (ids.min() < 0 or ids.max() >= n_rows):
+        bad = ids[(ids < 0) | (ids >= n_rows)].reshape(-1)[0]
+        label = f"{node.op} {node.name!r}" if node.name else node.op
+        raise BackendError(f"{label}: row id {int(bad)} is outside 0..{n_rows - 1}")
+
+
+# -- get_rows ------------------------------------------------------------------------------------
+def bind_get_rows(node: Tensor, arrays: TensorArrays) -> Kernel:
+    """out[i12, i11, i10] = a[i12, i11, ids[i12, i11, i10]] (numpy axis order), as float32."""
+    a, rows = node.src
+    a_view = arrays.view(a)                   # (a3, a2, n_rows, ne0 or row bytes)
+    ids_view = arrays.view(rows)[0]           # (r2, r1, r0) with r2 = a3 and r1 = a2
+    out = arrays.view(node)                   # (r2, r1, r0, ne0)
+    batch3 = np.arange(ids_view.shape[0])[:, None, None]
+    batch2 = np.arange(ids_view.shape[1])[None, :, None]
+
+    def run() -> None:
+        check_row_ids(ids_view, a.ne[1], node)
+        store(out, to_f32(a_view[batch3, batch2, ids_view], a.type), node.type)
+    return run
+
+
+# -- set_rows ------------------------------------------------------------------------------------
+def bind_set_rows(node: Tensor, arrays: TensorArrays) -> Kernel:
+    """dst row ids[i] = src row i, converted to dst's type. node is a view of dst: it writes there."""
+    dst, src, rows = node.src
+    dst_rows = arrays.view(node)[0, 0]        # (dst rows, ne0 or row bytes)
+    src_rows = arrays.view(src)[0, 0]         # (n, ne0)
+    ids = arrays.view(rows)[0, 0, 0]          # (n,)
+    direct = is_native_float(src.type) and is_native_float(dst.type)
+
+    def run() -> None:
+        check_row_ids(ids, dst.ne[1], node)
+        dst_rows[ids] = src_rows if direct else from_f32(to_f32(src_rows, src.type), dst.type)
+    return run
+
+
+# -- cpy, cont -----------------------------------------------------------------------------------
+def bind_cpy(node: Tensor, arrays: TensorArrays) -> Kernel:
+    a, _ = node.src
+    return _bind_copy(a, arrays.view(a), node, arrays.view(node))
+
+
+def bind_cont(node: Tensor, arrays: TensorArrays) -> Kernel:
+    (a,) = node.src
+    return _bind_copy(a, arrays.view(a), node, arrays.view(node))
+
+
+def _bind_copy(a: Tensor, a_view: np.ndarray, dst: Tensor, d_view: np.ndarray) -> Kernel:
+    if a.type.name == dst.type.name or (is_native_float(a.type) and is_native_float(dst.type)):
+        if a_view.shape == d_view.shape:
+            return lambda: np.copyto(d_view, a_view, casting="unsafe")
+        if a.type.is_quantized:   # same blocked type: the byte stream is the block stream
+            return lambda: np.copyto(d_view, np.ascontiguousarray(a_view).reshape(d_view.shape))
+        return lambda: np.copyto(d_view, a_view.reshape(d_view.shape), casting="unsafe")
+
+    logical = dst.ne[::-1]
+
+    def run_converted() -> None:
+        store(d_view, to_f32(a_view, a.type).reshape(logical), dst.type)
+    return run_converted

@@ -1,0 +1,150 @@
+"""mul_mat: packed-weight kernels for the weight types quant_matmul knows, a generic path for the rest.
+
+ggml_mul_mat(a [k, m, A2, A3], b [k, n, B2, B3]) -> out [m, n, B2, B3], out[i3, i2, j, i] = dot(a row i,
+b row j). a's matrices broadcast over b's in blocks: b matrix i2 uses a matrix i2 // (B2 / A2) (so several
+query heads share one K/V head, GQA), and the same for dim 3.
+
+Fast path: a weight (a leaf tensor, contiguous, of a type in quant_matmul.SUPPORTED_TYPES) is packed once
+(``PackedWeights``, filled by the backend's prepare_weight hook or on first compile) and multiplied by
+quant_matmul.mul_mat. A leaf multiplied directly is taken to be constant between computes; state that
+changes (the KV cache) is read through views, which take the generic path.
+
+Generic path: any type, any strides. a is turned into float32 (F16 by a cast, a blocked type through its
+to_float: a quant type with no kernel still runs, slowly) and multiplied with numpy's matmul (BLAS) over the
+broadcast batches. Like ggml, b is first rounded to a's vec_dot_type (F16 for F16, Q8_0/Q8_K/... for
+quantized a), so an F16 K cache times F32 queries gives what ggml's F16 x F16 dot gives, up to summation order.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
+
+from ggflow.backends_builtin.cpu.arrays import F32, TensorArrays, from_f32, to_f32
+from ggflow.core.tensor import Tensor, TensorFlag
+from ggflow.core.types import TypeTraits, type_traits
+from ggflow.errors import UnknownNameError
+
+Kernel = Callable[[], None]
+QUANT_MATMUL_MODULE = "ggflow.backends_builtin.cpu.quant_matmul"
+
+
+def load_quant_matmul() -> ModuleType | None:
+    """The packed-weight kernels, or None when that module is not installed (the generic path runs all)."""
+    if importlib.util.find_spec(QUANT_MATMUL_MODULE) is None:
+        return None
+    return importlib.import_module(QUANT_MATMUL_MODULE)  # a broken module should fail loudly, not be skipped
+
+
+# -- fast path: packed weights ---------------------------------------------------------------------
+class PackedWeights:
+    """Weights packed for quant_matmul, one pack per 2-D matrix, cached per tensor."""
+
+    def __init__(self, kernels: ModuleType | None):
+        self.kernels = kernels
+        self._packs: dict[Tensor, tuple[int, list[list[Any]]]] = {}  # tensor -> (data address, packs[i3][i2])
+
+    def is_eligible(self, t: Tensor) -> bool:
+        return (self.kernels is not None and t.type.name in self.kernels.SUPPORTED_TYPES and t.is_leaf
+                and t.view_src is None and not t.flags & TensorFlag.INPUT and t.is_contiguous()
+                and t.buffer is not None and t.buffer.is_host)
+
+    def get(self, t: Tensor) -> list[list[Any]] | None:
+        """The packs of a weight (packing it now if it is new or its memory moved); None if not eligible."""
+        if not self.is_eligible(t):
+            return None
+        w = t.numpy()                                      # (A3, A2, m, k) or (A3, A2, m, row bytes)
+        address = w.ctypes.data
+        cached = self._packs.get(t)
+        if cached is None or cached[0] != address:
+            packs = [[self.kernels.pack_weight(w[i3, i2], t.type.name) for i2 in range(w.shape[1])]
+                     for i3 in range(w.shape[0])]
+            cached = self._packs[t] = (address, packs)
+        return cached[1]
+
+    def __len__(self) -> int:
+        return len(self._packs)
+
+
+def bind_mul_mat(node: Tensor, arrays: TensorArrays, weights: PackedWeights) -> Kernel:
+    a, b = node.src
+    packs = weights.get(a) if a not in arrays.substitutes else None
+    if packs is not None:
+        return _bind_packed(packs, weights.kernels, node, arrays)
+    return _bind_generic(node, arrays)
+
+
+def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arrays: TensorArrays) -> Kernel:
+    a, b = node.src
+    x_view, out = arrays.view(b), arrays.view(node)        # (B3, B2, n, k), (B3, B2, n, m)
+    k, m = a.ne[0], a.ne[1]
+
+    def load_x() -> np.ndarray:
+        return np.ascontiguousarray(to_f32(x_view, b.type), dtype=F32)
+
+    if a.ne[2] == a.ne[3] == 1:
+        pack, out_rows = packs[0][0], out.reshape(-1, m)    # node results are contiguous: a view
+        return lambda: kernels.mul_mat(pack, load_x().reshape(-1, k), out_rows)
+
+    r3, r2 = b.ne[3] // a.ne[3], b.ne[2] // a.ne[2]
+    batches = [(packs[i3 // r3][i2 // r2], i3, i2) for i3 in range(b.ne[3]) for i2 in range(b.ne[2])]
+
+    def run_batched() -> None:  # a Python step per matrix (not per row): a stack of weights is rare
+        x = load_x()
+        for pack, i3, i2 in batches:
+            kernels.mul_mat(pack, x[i3, i2], out[i3, i2])
+    return run_batched
+
+
+# -- generic path ----------------------------------------------------------------------------------
+def _bind_generic(node: Tensor, arrays: TensorArrays) -> Kernel:
+    a, b = node.src
+    a_view, b_view, out = arrays.view(a), arrays.view(b), arrays.view(node)
+    out_groups = group_batches(out, a.ne[3], a.ne[2])       # (A3, r3, A2, r2, n, m)
+    round_x = vec_dot_rounding(a.type, a.ne[0])
+
+    def run() -> None:
+        w = blas_ready(to_f32(a_view, a.type))             # (A3, A2, m, k)
+        x = blas_ready(round_x(to_f32(b_view, b.type)))    # (B3, B2, n, k)
+        w_t = np.swapaxes(w[:, None, :, None], -1, -2)     # (A3, 1, A2, 1, k, m)
+        np.matmul(group_batches(x, a.ne[3], a.ne[2]), w_t, out=out_groups)
+    return run
+
+
+def group_batches(x: np.ndarray, a3: int, a2: int) -> np.ndarray:
+    """(B3, B2, r, c) -> (A3, B3/A3, A2, B2/A2, r, c), a view: b batch i2 belongs to a matrix i2 // (B2/A2)."""
+    b3, b2, r, c = x.shape
+    s3, s2, s1, s0 = x.strides
+    r3, r2 = b3 // a3, b2 // a2
+    return np.lib.stride_tricks.as_strided(x, (a3, r3, a2, r2, r, c), (s3 * r3, s3, s2 * r2, s2, s1, s0),
+                                           writeable=x.flags.writeable)
+
+
+def blas_ready(m: np.ndarray) -> np.ndarray:
+    """BLAS needs unit stride along rows; other views (a transposed V) are copied so matmul stays fast."""
+    if m.dtype != F32 or m.strides[-1] != F32.itemsize or m.strides[-2] % F32.itemsize:
+        return np.ascontiguousarray(m, dtype=F32)
+    return m
+
+
+def vec_dot_rounding(w_type: TypeTraits, k: int) -> Callable[[np.ndarray], np.ndarray]:
+    """What ggml does to the activations before the dot: convert them to w's vec_dot_type and back."""
+    name = w_type.vec_dot_type
+    if name in ("F32", "I32"):
+        return _unchanged
+    if name == "F16":
+        return lambda x: x.astype(np.float16).astype(F32)
+    try:
+        dot_type = type_traits(name)
+    except UnknownNameError:
+        return _unchanged
+    if dot_type.from_float is None or k % dot_type.block_size:
+        return _unchanged
+    return lambda x: to_f32(from_f32(x, dot_type), dot_type)
+
+
+def _unchanged(x: np.ndarray) -> np.ndarray:
+    return x
