@@ -53,7 +53,7 @@ def _bind_binary(node: Tensor, arrays: TensorArrays, ufunc: np.ufunc) -> Kernel:
     d_tiles = split_repeats(target.array, reps)
 
     def run_converted() -> None:
-        b_values = split_repeats(np.ascontiguousarray(to_f32(b_view, b.type)), (1, 1, 1, 1))
+        b_values = split_repeats(to_f32(b_view, b.type), (1, 1, 1, 1))
         ufunc(split_repeats(to_f32(a_view, a.type), reps), b_values, out=d_tiles)
         target.flush()
     return run_converted
@@ -95,26 +95,34 @@ def gelu_tanh_f32(x: np.ndarray) -> np.ndarray:
     return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
 
 
-_gelu_table: np.ndarray | None = None
+_gelu_tables: dict[str, np.ndarray] = {}
 
 
 def gelu_f16_table() -> np.ndarray:
     """ggml_table_gelu_f16: F16 bits -> F16 gelu of that value, for all 65536 bit patterns."""
-    global _gelu_table
-    if _gelu_table is None:
+    if "f16" not in _gelu_tables:
         x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(F32)
         with np.errstate(over="ignore", invalid="ignore"):
-            _gelu_table = gelu_tanh_f32(x).astype(np.float16)
-    return _gelu_table
+            _gelu_tables["f16"] = gelu_tanh_f32(x).astype(np.float16)
+        _gelu_tables["f32"] = _gelu_tables["f16"].astype(F32)
+    return _gelu_tables["f16"]
 
 
 def gelu_f32(x: np.ndarray, out: np.ndarray) -> None:
-    """ggml_vec_gelu_f32 with GGML_GELU_FP16: a table lookup on x rounded to F16, clamped beyond +-10."""
-    table = gelu_f16_table()
+    """ggml_vec_gelu_f32 with GGML_GELU_FP16: a table lookup on x rounded to F16, clamped beyond +-10.
+
+    out: a contiguous float32 array (a node's result or the F32 scratch of one).
+    """
+    gelu_f16_table()
     with np.errstate(over="ignore"):
-        looked_up = table[x.astype(np.float16).view(np.uint16)].astype(F32)
-    result = np.where(x >= GELU_LINEAR_ABOVE, x, looked_up)
-    out[...] = np.where(x <= GELU_ZERO_BELOW, np.float32(0.0), result)
+        bits = x.astype(np.float16).view(np.uint16)
+    np.take(_gelu_tables["f32"], bits, out=out, mode="clip")   # "clip": every uint16 is in range, no buffering
+    linear = x >= GELU_LINEAR_ABOVE
+    if linear.any():
+        np.copyto(out, x, where=linear)
+    zero = x <= GELU_ZERO_BELOW
+    if zero.any():
+        out[zero] = np.float32(0.0)
 
 
 def bind_gelu(node: Tensor, arrays: TensorArrays) -> Kernel:
@@ -133,13 +141,13 @@ def bind_gelu(node: Tensor, arrays: TensorArrays) -> Kernel:
 def _bind_unary(node: Tensor, arrays: TensorArrays, fn: Callable[[np.ndarray, np.ndarray], None]) -> Kernel:
     """Bind fn(x_f32, out) to a node of one source: out is the destination when numpy can write it."""
     (a,) = node.src
-    a_view = arrays.view(a)
-    target = F32Target(arrays.view(node), node)
+    a_view, d_view = arrays.view(a), arrays.view(node)
     if is_native_float(node.type):
-        out = target.dst
         if a.type.name == "F32":
-            return lambda: fn(a_view, out)
-        return lambda: fn(to_f32(a_view, a.type), out)
+            return lambda: fn(a_view, d_view)
+        return lambda: fn(to_f32(a_view, a.type), d_view)
+
+    target = F32Target(d_view, node)
 
     def run_converted() -> None:
         fn(to_f32(a_view, a.type), target.array)

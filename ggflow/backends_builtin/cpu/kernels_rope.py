@@ -19,13 +19,14 @@ import numpy as np
 from numba import njit, prange
 
 from ggflow.backends_builtin.cpu.arrays import F32, F32Target, TensorArrays, to_f32
+from ggflow.backends_builtin.cpu.threads import driver_for
 from ggflow.core.ops import ROPE_NEOX
 from ggflow.core.tensor import Tensor
 
 Kernel = Callable[[], None]
 
 
-@njit("float32(int64, int64, float32, float32)", cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, fastmath=False, error_model="numpy")
 def yarn_corr_dim(n_dims, n_ctx_orig, n_rot, base):
     """ggml_rope_yarn_corr_dim: the dim at which a pair turns n_rot times over the original context."""
     two = np.float32(2.0)
@@ -33,8 +34,7 @@ def yarn_corr_dim(n_dims, n_ctx_orig, n_rot, base):
     return np.float32(n_dims) * np.log(turns) / (two * np.log(base))
 
 
-@njit("UniTuple(float32, 2)(int64, int64, float32, float32, float32)", cache=True, fastmath=False,
-      error_model="numpy")
+@njit(cache=True, fastmath=False, error_model="numpy")
 def yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
     """ggml_rope_yarn_corr_dims: [floor(dim(beta_fast)) clamped at 0, ceil(dim(beta_slow)) at n_dims-1]."""
     start = np.floor(yarn_corr_dim(n_dims, n_ctx_orig, beta_fast, freq_base))
@@ -45,59 +45,62 @@ def yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
     return low, high
 
 
-@njit("void(float32[:], float32[:], float32, int32, float32[:], boolean, float32, float32, float32,"
-      " float32, float32, float32)", cache=True, fastmath=False, error_model="numpy")
-def rope_cos_sin(cos_out, sin_out, theta_scale, position, freq_factors, has_freq_factors, freq_scale,
-                 ext_factor, attn_factor, yarn_mscale, corr_low, corr_high):
-    """ggml_rope_cache_init for one position: cos/sin (times the magnitude scale) of every pair."""
+@njit(cache=True, fastmath=False, error_model="numpy")
+def rope_cache(positions, freq_factors, has_freq_factors, n_dims, n_ctx_orig, freq_base, freq_scale,
+               ext_factor, attn_factor, beta_fast, beta_slow):
+    """ggml_rope_cache_init for every token: cos and sin (times the magnitude scale), (n_tokens, n_dims/2)."""
     one = np.float32(1.0)
-    theta = np.float32(position)
-    ramp_width = corr_high - corr_low
-    if ramp_width < np.float32(0.001):
-        ramp_width = np.float32(0.001)
-    for k in range(cos_out.shape[0]):
-        extrap = theta / freq_factors[k] if has_freq_factors else theta
-        interp = freq_scale * extrap
-        angle = interp
-        mscale = attn_factor
-        if ext_factor != np.float32(0.0):
-            y = (np.float32(k) - corr_low) / ramp_width
-            ramp = one - min(one, max(np.float32(0.0), y))
-            mix = ramp * ext_factor
-            angle = interp * (one - mix) + extrap * mix
-            mscale = attn_factor * yarn_mscale
-        cos_out[k] = np.cos(angle) * mscale
-        sin_out[k] = np.sin(angle) * mscale
-        theta = theta * theta_scale
-
-
-@njit("void(float32[:, :, :, :], int32[:], float32[:], boolean, float32[:, :, :, :], int64, boolean, int64,"
-      " float32, float32, float32, float32, float32, float32)",
-      cache=True, parallel=True, fastmath=False, error_model="numpy")
-def rope_rows(x, positions, freq_factors, has_freq_factors, y, n_dims, neox, n_ctx_orig, freq_base,
-              freq_scale, ext_factor, attn_factor, beta_fast, beta_slow):
-    """x, y: (n3, n_tokens, n_head, head_dim); positions: one per token."""
-    n3, n2, n1, n0 = x.shape
     half = n_dims // 2
     theta_scale = freq_base ** (np.float32(-2.0) / np.float32(n_dims))
     corr_low, corr_high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
-    yarn_mscale = np.float32(1.0) + np.float32(0.1) * np.log(np.float32(1.0) / freq_scale)
-    for t in prange(n3 * n2):
-        i3, i2 = t // n2, t % n2
-        cos_t = np.empty(half, dtype=np.float32)
-        sin_t = np.empty(half, dtype=np.float32)
-        rope_cos_sin(cos_t, sin_t, theta_scale, positions[i2], freq_factors, has_freq_factors, freq_scale,
-                     ext_factor, attn_factor, yarn_mscale, corr_low, corr_high)
-        for i1 in range(n1):
-            for k in range(half):
-                a = k if neox else 2 * k
-                b = k + half if neox else 2 * k + 1
-                x0 = x[i3, i2, i1, a]
-                x1 = x[i3, i2, i1, b]
-                y[i3, i2, i1, a] = x0 * cos_t[k] - x1 * sin_t[k]
-                y[i3, i2, i1, b] = x0 * sin_t[k] + x1 * cos_t[k]
-            for i0 in range(n_dims, n0):
-                y[i3, i2, i1, i0] = x[i3, i2, i1, i0]
+    ramp_width = max(np.float32(0.001), corr_high - corr_low)
+    yarn_mscale = attn_factor * (one + np.float32(0.1) * np.log(one / freq_scale))
+    cos = np.empty((positions.shape[0], half), dtype=np.float32)
+    sin = np.empty((positions.shape[0], half), dtype=np.float32)
+    for t in range(positions.shape[0]):
+        theta = np.float32(positions[t])
+        for k in range(half):
+            extrap = theta / freq_factors[k] if has_freq_factors else theta
+            interp = freq_scale * extrap
+            angle, mscale = interp, attn_factor
+            if ext_factor != np.float32(0.0):
+                ramp = one - min(one, max(np.float32(0.0), (np.float32(k) - corr_low) / ramp_width))
+                mix = ramp * ext_factor
+                angle, mscale = interp * (one - mix) + extrap * mix, yarn_mscale
+            cos[t, k] = np.cos(angle) * mscale
+            sin[t, k] = np.sin(angle) * mscale
+            theta = theta * theta_scale
+    return cos, sin
+
+
+@njit(cache=True, fastmath=False, error_model="numpy")
+def rotate_token(x, cos, sin, y, neox):
+    """x, y: (n_head, head_dim) of one token; cos, sin: (n_dims/2,)."""
+    half = cos.shape[0]
+    for h in range(x.shape[0]):
+        for k in range(half):
+            a = k if neox else 2 * k
+            b = k + half if neox else 2 * k + 1
+            x0, x1 = x[h, a], x[h, b]
+            y[h, a] = x0 * cos[k] - x1 * sin[k]
+            y[h, b] = x0 * sin[k] + x1 * cos[k]
+        for i in range(2 * half, x.shape[1]):
+            y[h, i] = x[h, i]
+
+
+@njit(cache=True, parallel=True, fastmath=False, error_model="numpy")
+def rotate_parallel(x, cos, sin, y, neox):  # x, y: (n3, n_tokens, n_head, head_dim)
+    n3, n2 = x.shape[0], x.shape[1]
+    for r in prange(n3 * n2):
+        i3, i2 = r // n2, r % n2
+        rotate_token(x[i3, i2], cos[i2], sin[i2], y[i3, i2], neox)
+
+
+@njit(cache=True, fastmath=False, error_model="numpy")
+def rotate_serial(x, cos, sin, y, neox):
+    for i3 in range(x.shape[0]):
+        for i2 in range(x.shape[1]):
+            rotate_token(x[i3, i2], cos[i2], sin[i2], y[i3, i2], neox)
 
 
 def bind_rope(node: Tensor, arrays: TensorArrays) -> Kernel:
@@ -115,9 +118,11 @@ def bind_rope(node: Tensor, arrays: TensorArrays) -> Kernel:
     target = F32Target(arrays.view(node), node)
     y = target.array
     neox = mode == ROPE_NEOX
+    rotate = driver_for(node.nelements, rotate_parallel, rotate_serial)
 
     def run() -> None:
         factors = factors_view if read_factors_as_is else to_f32(factors_view, ff.type)
-        rope_rows(to_f32(a_view, a.type), pos_view, factors, has_factors, y, n_dims, neox, n_ctx_orig, *floats)
+        cos, sin = rope_cache(pos_view, factors, has_factors, n_dims, n_ctx_orig, *floats)
+        rotate(to_f32(a_view, a.type), cos, sin, y, neox)
         target.flush()
     return run
