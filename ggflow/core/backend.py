@@ -130,7 +130,7 @@ class Backend(ABC):
         if base.buffer is None:
             raise ValueError(f"{tensor!r} has no memory")
         if base.buffer.is_host:
-            return np.ascontiguousarray(tensor.numpy())
+            return np.array(tensor.numpy(), order="C", copy=True)  # a copy: the buffer is reused
         start = base.offset + tensor.base_offset()
         raw = base.buffer.read(start, tensor.nbytes)
         return np.ascontiguousarray(strided_view(raw, 0, tensor.type, tensor.ne, tensor.nb))

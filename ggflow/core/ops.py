@@ -44,7 +44,7 @@ def _op(type: "TypeTraits | str", ne: Sequence[int], op: str, src: Sequence[Tens
 
 def _can_repeat(b: Tensor, a: Tensor) -> bool:
     """ggml's rule for broadcasting b over a: each dim of a is a whole multiple of b's."""
-    return all(bn > 0 and an % bn == 0 for an, bn in zip(a.ne, b.ne))
+    return all(an == bn or (bn > 0 and an % bn == 0) for an, bn in zip(a.ne, b.ne))
 
 
 # -- arithmetic ----------------------------------------------------------------------------------
