@@ -16,6 +16,8 @@ from ggflow import __version__
 from ggflow.errors import GGFlowError
 
 COMMANDS = (
+    "ggflow.cli.run_cmd",
+    "ggflow.cli.bench_cmd",
     "ggflow.cli.plugins_cmd",
 )
 

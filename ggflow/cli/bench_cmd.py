@@ -1,0 +1,86 @@
+"""``ggflow bench``: prompt processing and generation speed, as llama-bench reports them, plus peak RSS."""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from ggflow.cli.common import backend_names
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("bench", help="measure prompt-processing and generation speed",
+                                   description="llama-bench style: pp<N> and tg<N> tokens/s (mean and stddev "
+                                               "over repetitions, after a warm-up run) and peak RSS.")
+    parser.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("-p", "--n-prompt", type=int, default=64, help="prompt tokens per pp test (0: skip)")
+    parser.add_argument("-n", "--n-gen", type=int, default=32, help="generated tokens per tg test (0: skip)")
+    parser.add_argument("-r", "--repetitions", type=int, default=3)
+    parser.add_argument("-t", "--threads", type=int, default=None)
+    parser.add_argument("--backend", default="cpu", help="backend name(s), comma separated (default: cpu)")
+    parser.add_argument("--cache-type-k", default="F16")
+    parser.add_argument("--cache-type-v", default="F16")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ggflow.api import default_model_path
+    from ggflow.core.batch import Batch
+    from ggflow.core.context import Context
+    from ggflow.core.model import Model
+
+    path = args.model or default_model_path()
+    model = Model.load(path)
+    n_ctx = max(256, args.n_prompt + args.n_gen + 1)
+    ctx = Context(model, n_ctx=n_ctx, backends=backend_names(args.backend), n_threads=args.threads,
+                  type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper())
+    rng = np.random.default_rng(0)
+
+    def pp() -> float:
+        ctx.clear()
+        tokens = rng.integers(0, model.hparams.n_vocab, args.n_prompt)
+        t0 = time.perf_counter()
+        ctx.decode(Batch.from_tokens(tokens))
+        return args.n_prompt / (time.perf_counter() - t0)
+
+    def tg() -> float:
+        ctx.clear()
+        token = int(rng.integers(0, model.hparams.n_vocab))
+        t0 = time.perf_counter()
+        for pos in range(args.n_gen):
+            ctx.decode(Batch.from_tokens([token], pos0=pos))
+        return args.n_gen / (time.perf_counter() - t0)
+
+    results = []
+    for name, n, test in (("pp", args.n_prompt, pp), ("tg", args.n_gen, tg)):
+        if n <= 0:
+            continue
+        test()  # warm-up: compiles kernels, packs weights, builds the graph
+        speeds = [test() for _ in range(max(1, args.repetitions))]
+        results.append({"test": f"{name}{n}", "tokens_per_second": statistics.mean(speeds),
+                        "stddev": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
+                        "median": statistics.median(speeds), "runs": speeds})
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    info = {"model": path.rsplit("/", 1)[-1], "size_mb": model.size_bytes / 2**20,
+            "params_m": model.n_params / 1e6, "backend": ",".join(b.name for b in ctx.backends),
+            "threads": args.threads, "kv_cache_mb": ctx.kv.nbytes / 2**20, "peak_rss_mb": peak_rss_mb,
+            "results": results}
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"model: {info['model']} ({info['size_mb']:.1f} MiB, {info['params_m']:.1f} M params), "
+          f"backend: {info['backend']}, threads: {args.threads or 'all'}")
+    print(f"| {'test':>8} | {'t/s':>18} |")
+    print(f"| {'-' * 8} | {'-' * 18} |")
+    for r in results:
+        print(f"| {r['test']:>8} | {r['tokens_per_second']:8.2f} ± {r['stddev']:7.2f} |")
+    print(f"peak RSS: {peak_rss_mb:.0f} MiB (model file {info['size_mb']:.0f} MiB, KV cache "
+          f"{info['kv_cache_mb']:.1f} MiB)", file=sys.stderr)
+    return 0
