@@ -1,0 +1,540 @@
+"""Kernels for the 256-element super-block types Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (activations Q8_K).
+
+Same scheme as ``_qmm_legacy``: row-tiled layout, an int16-only loop that forms sums of products
+over groups small enough for int16, then a loop that applies the integer sub-block scales in int32
+and the super-block scales in f32. The integers are ggml's; where ggml's quant is signed through an
+offset (Q3_K's -4) the offset comes out through the Q8_K ``bsums`` (sums of 16 activations).
+
+Packing keeps the quant bytes (as uint16 words, two bytes of a row per lane) and unpacks the 6-bit
+scale/min fields into one byte each, and the f16 super-block scales into f32 (memory: Q3_K +4
+bytes per 110, Q4_K/Q5_K +4+4 per 144/176, Q2_K +4 per 84, Q6_K +2 per 210).
+
+Group sizes (products that fit int16, activations |x| <= 127):
+  Q2_K quant 0..3: 16 (one scale group)   Q3_K 0..7: 16   Q4_K 0..15: 16
+  Q5_K 0..31: 8                           Q6_K -32..31 (signed): 8
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ggflow.backends_builtin.cpu._qmm_layout import TILE, f16_field, tile_rows
+
+F32 = np.float32
+I16 = np.int16
+I32 = np.int32
+R = TILE
+QK = 256
+
+
+# ---------------------------------------------------------------------------------------------- packing
+def _words(blocks: np.ndarray, start: int, nbytes: int) -> np.ndarray:
+    return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + nbytes]).view(np.uint16))
+
+
+def _k4_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unpack Q4_K/Q5_K's 12 scale bytes (rows, nb, 12) into 8 six-bit scales and 8 mins each."""
+    s = s.astype(np.uint8)
+    sc = np.empty(s.shape[:-1] + (8,), np.uint8)
+    mn = np.empty_like(sc)
+    sc[..., :4] = s[..., 0:4] & 63
+    mn[..., :4] = s[..., 4:8] & 63
+    sc[..., 4:] = (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    return sc, mn
+
+
+def _q3_scales(s: np.ndarray) -> np.ndarray:
+    """Unpack Q3_K's 12 scale bytes into 16 signed scales (six bits, minus 32)."""
+    j = np.arange(16)
+    low = np.where(j < 8, s[..., j % 8] & 0xF, s[..., j % 8] >> 4)
+    high = (s[..., 8 + j % 4] >> (2 * (j // 4))) & 3
+    return ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8)
+
+
+def pack_q2_k(w: np.ndarray, rows: int, k: int) -> tuple:
+    blocks = w.reshape(rows, k // QK, 84)
+    return (_words(blocks, 16, 64), tile_rows(np.ascontiguousarray(blocks[:, :, 0:16])),
+            tile_rows(f16_field(blocks, 80)), tile_rows(f16_field(blocks, 82)))
+
+
+def pack_q3_k(w: np.ndarray, rows: int, k: int) -> tuple:
+    blocks = w.reshape(rows, k // QK, 110)
+    return (_words(blocks, 32, 64), _words(blocks, 0, 32), tile_rows(_q3_scales(blocks[:, :, 96:108])),
+            tile_rows(f16_field(blocks, 108)))
+
+
+def pack_q4_k(w: np.ndarray, rows: int, k: int) -> tuple:
+    blocks = w.reshape(rows, k // QK, 144)
+    sc, mn = _k4_scales_mins(blocks[:, :, 4:16])
+    return (_words(blocks, 16, 128), tile_rows(sc), tile_rows(mn), tile_rows(f16_field(blocks, 0)),
+            tile_rows(f16_field(blocks, 2)))
+
+
+def pack_q5_k(w: np.ndarray, rows: int, k: int) -> tuple:
+    blocks = w.reshape(rows, k // QK, 176)
+    sc, mn = _k4_scales_mins(blocks[:, :, 4:16])
+    return (_words(blocks, 48, 128), _words(blocks, 16, 32), tile_rows(sc), tile_rows(mn),
+            tile_rows(f16_field(blocks, 0)), tile_rows(f16_field(blocks, 2)))
+
+
+def pack_q6_k(w: np.ndarray, rows: int, k: int) -> tuple:
+    blocks = w.reshape(rows, k // QK, 210)
+    return (_words(blocks, 0, 128), _words(blocks, 128, 64),
+            tile_rows(np.ascontiguousarray(blocks[:, :, 192:208]).view(np.int8)), tile_rows(f16_field(blocks, 208)))
+
+
+# ---------------------------------------------------------------------------------------- bit helpers
+@njit(cache=True, inline="always")
+def _bits(v, shift, mask):
+    return I16((v >> I16(shift)) & I16(mask))
+
+
+@njit(cache=True, inline="always")
+def _bit_to(v, src, dst):
+    """Bit ``src`` of v moved to bit ``dst`` (LLVM folds the constant shifts to one)."""
+    return I16(((v >> I16(src)) & I16(1)) << I16(dst))
+
+
+# -------------------------------------------------------------------------------- Q2_K / Q3_K phase 1
+# qs word m (0..31) holds bytes 2m, 2m+1: with h = m // 16 and l = 2m % 32 (+1 for the high byte),
+# the four 2-bit fields at shift 2s are elements 128h + 32s + l, all in scale group 8h + 2s + l // 16.
+# Words 8q .. 8q+7 therefore feed the four groups 8h + 2s + (q % 2), s = 0..3, with h = q // 2.
+
+@njit(cache=True, inline="always")
+def _sum_q2_segment(qs, t, b, xq, i, o, q, part):
+    h = q // 2
+    for r in range(R):
+        a0 = I16(0)
+        a1 = I16(0)
+        a2 = I16(0)
+        a3 = I16(0)
+        for mm in range(8):
+            m = 8 * q + mm
+            v = I16(qs[t, b, m, r])
+            e = o + 128 * h + (2 * m) % 32
+            a0 = I16(a0 + _bits(v, 0, 3) * xq[i, e] + _bits(v, 8, 3) * xq[i, e + 1])
+            a1 = I16(a1 + _bits(v, 2, 3) * xq[i, e + 32] + _bits(v, 10, 3) * xq[i, e + 33])
+            a2 = I16(a2 + _bits(v, 4, 3) * xq[i, e + 64] + _bits(v, 12, 3) * xq[i, e + 65])
+            a3 = I16(a3 + _bits(v, 6, 3) * xq[i, e + 96] + _bits(v, 14, 3) * xq[i, e + 97])
+        g = 8 * h + q % 2
+        part[g, r] = a0
+        part[g + 2, r] = a1
+        part[g + 4, r] = a2
+        part[g + 6, r] = a3
+
+
+@njit(cache=True, inline="always")
+def _q3_value(v, hm, byte, s, h):
+    """Unsigned Q3_K quant (2 low bits + 4 * high bit, 0..7) of one byte/shift of a word pair."""
+    return I16(_bits(v, 8 * byte + 2 * s, 3) | _bit_to(hm, 8 * byte + 4 * h + s, 2))
+
+
+@njit(cache=True, inline="always")
+def _sum_q3_segment(qs, hmask, t, b, xq, i, o, q, part):
+    h = q // 2
+    for r in range(R):
+        a0 = I16(0)
+        a1 = I16(0)
+        a2 = I16(0)
+        a3 = I16(0)
+        for mm in range(8):
+            m = 8 * q + mm
+            v = I16(qs[t, b, m, r])
+            hm = I16(hmask[t, b, m % 16, r])     # hmask bytes l, l+1
+            e = o + 128 * h + (2 * m) % 32
+            a0 = I16(a0 + _q3_value(v, hm, 0, 0, h) * xq[i, e] + _q3_value(v, hm, 1, 0, h) * xq[i, e + 1])
+            a1 = I16(a1 + _q3_value(v, hm, 0, 1, h) * xq[i, e + 32] + _q3_value(v, hm, 1, 1, h) * xq[i, e + 33])
+            a2 = I16(a2 + _q3_value(v, hm, 0, 2, h) * xq[i, e + 64] + _q3_value(v, hm, 1, 2, h) * xq[i, e + 65])
+            a3 = I16(a3 + _q3_value(v, hm, 0, 3, h) * xq[i, e + 96] + _q3_value(v, hm, 1, 3, h) * xq[i, e + 97])
+        g = 8 * h + q % 2
+        part[g, r] = a0
+        part[g + 2, r] = a1
+        part[g + 4, r] = a2
+        part[g + 6, r] = a3
+
+
+# -------------------------------------------------------------------------------- Q4_K / Q5_K phase 1
+# qs word m (0..63) holds bytes 2m, 2m+1 of chunk c = m // 16 at l = 2m % 32: low nibbles are
+# elements 64c + l (sub-block 2c), high nibbles 64c + 32 + l (sub-block 2c + 1).
+
+@njit(cache=True, inline="always")
+def _sum_q4k_half(qs, t, b, xq, i, o, c, hf, part):
+    """Groups of 16: part[4c + hf] (sub-block 2c, l in 16hf..16hf+15), part[4c + 2 + hf] (2c + 1)."""
+    for r in range(R):
+        lo = I16(0)
+        hi = I16(0)
+        for mm in range(8):
+            m = 16 * c + 8 * hf + mm
+            v = I16(qs[t, b, m, r])
+            e = o + 64 * c + (2 * m) % 32
+            lo = I16(lo + _bits(v, 0, 15) * xq[i, e] + _bits(v, 8, 15) * xq[i, e + 1])
+            hi = I16(hi + _bits(v, 4, 15) * xq[i, e + 32] + _bits(v, 12, 15) * xq[i, e + 33])
+        part[4 * c + hf, r] = lo
+        part[4 * c + 2 + hf, r] = hi
+
+
+@njit(cache=True, inline="always")
+def _sum_q5k_quarter(qs, qh, t, b, xq, i, o, c, qt, part):
+    """Groups of 8: part[8c + qt] (sub-block 2c, l in 8qt..8qt+7), part[8c + 4 + qt] (2c + 1).
+    qh byte l holds the fifth bit of elements 64c + l (bit 2c) and 64c + 32 + l (bit 2c + 1)."""
+    for r in range(R):
+        lo = I16(0)
+        hi = I16(0)
+        for mm in range(4):
+            m = 16 * c + 4 * qt + mm
+            v = I16(qs[t, b, m, r])
+            hb = I16(qh[t, b, m % 16, r])
+            e = o + 64 * c + (2 * m) % 32
+            lo = I16(lo + I16(_bits(v, 0, 15) | _bit_to(hb, 2 * c, 4)) * xq[i, e]
+                     + I16(_bits(v, 8, 15) | _bit_to(hb, 8 + 2 * c, 4)) * xq[i, e + 1])
+            hi = I16(hi + I16(_bits(v, 4, 15) | _bit_to(hb, 2 * c + 1, 4)) * xq[i, e + 32]
+                     + I16(_bits(v, 12, 15) | _bit_to(hb, 9 + 2 * c, 4)) * xq[i, e + 33])
+        part[8 * c + qt, r] = lo
+        part[8 * c + 4 + qt, r] = hi
+
+
+# ------------------------------------------------------------------------------------- Q6_K phase 1
+# ql word m (0..63): half h = m // 32, byte position p = 2m % 64. Its low nibbles are elements
+# 128h + 32s + l, its high nibbles 128h + 32(s + 2) + l, with s = p // 32 and l = p % 32. The two
+# high bits of each come from qh byte 32h + l at shifts 2s and 2(s + 2): qh word 16h + l // 2.
+
+@njit(cache=True, inline="always")
+def _q6_value(v, hw, byte, nib, s):
+    low = _bits(v, 8 * byte + 4 * nib, 15)
+    high = I16(((hw >> I16(8 * byte + 2 * (s + 2 * nib))) & I16(3)) << I16(4))
+    return I16((low | high) - I16(32))
+
+
+@njit(cache=True, inline="always")
+def _sum_q6_quarter(ql, qh, t, b, xq, i, o, h, s, qt, part):
+    """Groups of 8 (signed 6-bit quants): elements 128h + 32s + 8qt .. +7 into part[16h + 4s + qt],
+    and the same + 64 into part[16h + 4(s + 2) + qt]."""
+    for r in range(R):
+        lo = I16(0)
+        hi = I16(0)
+        for mm in range(4):
+            m = 32 * h + 16 * s + 4 * qt + mm
+            v = I16(ql[t, b, m, r])
+            l = (2 * m) % 32
+            hw = I16(qh[t, b, 16 * h + l // 2, r])
+            e = o + 128 * h + 32 * s + l
+            lo = I16(lo + _q6_value(v, hw, 0, 0, s) * xq[i, e] + _q6_value(v, hw, 1, 0, s) * xq[i, e + 1])
+            hi = I16(hi + _q6_value(v, hw, 0, 1, s) * xq[i, e + 64] + _q6_value(v, hw, 1, 1, s) * xq[i, e + 65])
+        part[16 * h + 4 * s + qt, r] = lo
+        part[16 * h + 4 * (s + 2) + qt, r] = hi
+
+
+# ------------------------------------------------------------------------------------------ phase 2
+@njit(cache=True, inline="always")
+def _acc_q2_k(acc, part, sc, d, dmin, dy, bsums, i, b):
+    """ggml: sumf += dall * sum(scale_g * sum_g) - dmin * sum(min_g * bsum_g), scale/min nibbles."""
+    for r in range(R):
+        isum = I32(0)
+        summ = I32(0)
+        for g in range(16):
+            s = I32(sc[g, r])
+            isum += (s & 15) * I32(part[g, r])
+            summ += (s >> 4) * bsums[i, 16 * b + g]
+        acc[r] += (dy * d[r]) * F32(isum) - (dy * dmin[r]) * F32(summ)
+
+
+@njit(cache=True, inline="always")
+def _acc_q3_k(acc, part, sc, d, dy, bsums, i, b):
+    """sum over 16-groups of scale * (sum(u * x) - 4 * bsum): u = q + 4 is what phase 1 summed."""
+    for r in range(R):
+        isum = I32(0)
+        for g in range(16):
+            isum += I32(sc[g, r]) * (I32(part[g, r]) - 4 * bsums[i, 16 * b + g])
+        acc[r] += (dy * d[r]) * F32(isum)
+
+
+@njit(cache=True, inline="always")
+def _acc_k4(acc, part, per_sub, sc, mn, d, dmin, dy, bsums, i, b):
+    """Q4_K / Q5_K: ``per_sub`` consecutive partial groups per 32-element sub-block (2 or 4)."""
+    for r in range(R):
+        isum = I32(0)
+        summ = I32(0)
+        for sb in range(8):
+            s = I32(0)
+            for p in range(per_sub):
+                s += I32(part[per_sub * sb + p, r])
+            isum += I32(sc[sb, r]) * s
+            summ += I32(mn[sb, r]) * (bsums[i, 16 * b + 2 * sb] + bsums[i, 16 * b + 2 * sb + 1])
+        acc[r] += (dy * d[r]) * F32(isum) - (dy * dmin[r]) * F32(summ)
+
+
+@njit(cache=True, inline="always")
+def _acc_q6_k(acc, part, sc, d, dy):
+    for r in range(R):
+        isum = I32(0)
+        for g in range(16):
+            isum += I32(sc[g, r]) * (I32(part[2 * g, r]) + I32(part[2 * g + 1, r]))
+        acc[r] += (dy * d[r]) * F32(isum)
+
+
+@njit(cache=True, inline="always")
+def _store_tile(acc, out, i, t):
+    base = t * R
+    for r in range(min(R, out.shape[1] - base)):
+        out[i, base + r] = acc[r]
+
+
+# ------------------------------------------------------------------------------------ matvec kernels
+@njit(cache=True, fastmath=False, parallel=True)
+def matvec_q2_k(qs, sc, d, dmin, xq, dy, bsums, out):
+    nt, nb = qs.shape[0], qs.shape[1]
+    for t in prange(nt):
+        part = np.empty((16, R), I16)
+        acc = np.empty(R, F32)
+        for i in range(out.shape[0]):
+            acc[:] = 0
+            for b in range(nb):
+                for q in range(4):
+                    _sum_q2_segment(qs, t, b, xq, i, b * QK, q, part)
+                _acc_q2_k(acc, part, sc[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
+            _store_tile(acc, out, i, t)
+
+
+@njit(cache=True, fastmath=False, parallel=True)
+def matvec_q3_k(qs, hmask, sc, d, xq, dy, bsums, out):
+    nt, nb = qs.shape[0], qs.shape[1]
+    for t in prange(nt):
+        part = np.empty((16, R), I16)
+        acc = np.empty(R, F32)
+        for i in range(out.shape[0]):
+            acc[:] = 0
+            for b in range(nb):
+                for q in range(4):
+                    _sum_q3_segment(qs, hmask, t, b, xq, i, b * QK, q, part)
+                _acc_q3_k(acc, part, sc[t, b], d[t, b], dy[i, b], bsums, i, b)
+            _store_tile(acc, out, i, t)
+
+
+@njit(cache=True, fastmath=False, parallel=True)
+def matvec_q4_k(qs, sc, mn, d, dmin, xq, dy, bsums, out):
+    nt, nb = qs.shape[0], qs.shape[1]
+    for t in prange(nt):
+        part = np.empty((16, R), I16)
+        acc = np.empty(R, F32)
+        for i in range(out.shape[0]):
+            acc[:] = 0
+            for b in range(nb):
+                for c in range(4):
+                    _sum_q4k_half(qs, t, b, xq, i, b * QK, c, 0, part)
+                    _sum_q4k_half(qs, t, b, xq, i, b * QK, c, 1, part)
+                _acc_k4(acc, part, 2, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
+            _store_tile(acc, out, i, t)
+
+
+@njit(cache=True, fastmath=False, parallel=True)
+def matvec_q5_k(qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
+    nt, nb = qs.shape[0], qs.shape[1]
+    for t in prange(nt):
+        part = np.empty((32, R), I16)
+        acc = np.empty(R, F32)
+        for i in range(out.shape[0]):
+            acc[:] = 0
+            for b in range(nb):
+                for c in range(4):
+                    for qt in range(4):
+                        _sum_q5k_quarter(qs, qh, t, b, xq, i, b * QK, c, qt, part)
+                _acc_k4(acc, part, 4, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
+            _store_tile(acc, out, i, t)
+
+
+@njit(cache=True, fastmath=False, parallel=True)
+def matvec_q6_k(ql, qh, sc, d, xq, dy, bsums, out):
+    nt, nb = ql.shape[0], ql.shape[1]
+    for t in prange(nt):
+        part = np.empty((32, R), I16)
+        acc = np.empty(R, F32)
+        for i in range(out.shape[0]):
+            acc[:] = 0
+            for b in range(nb):
+                for h in range(2):
+                    for s in range(2):
+                        for qt in range(4):
+                            _sum_q6_quarter(ql, qh, t, b, xq, i, b * QK, h, s, qt, part)
+                _acc_q6_k(acc, part, sc[t, b], d[t, b], dy[i, b])
+            _store_tile(acc, out, i, t)
+
+
+# ----------------------------------------------------------------------------------- batched kernels
+# A super-block of a row tile is decoded once into w (256, R) int16 and multiplied into every token.
+# Decoded values: Q2_K 0..3, Q3_K 0..7 (offset 4 left to bsums), Q4_K 0..15, Q5_K 0..31, Q6_K -32..31.
+
+@njit(cache=True, inline="always")
+def _sum_decoded(w, xq, i, o, gsize, part):
+    """part[g, :] = sum over elements g*gsize .. (g+1)*gsize-1 of w * x (gsize 16 or 8)."""
+    if gsize == 16:
+        for g in range(0, 16, 2):
+            for r in range(R):
+                a = I16(0)
+                c = I16(0)
+                for j in range(16):
+                    a = I16(a + w[16 * g + j, r] * xq[i, o + 16 * g + j])
+                    c = I16(c + w[16 * g + 16 + j, r] * xq[i, o + 16 * g + 16 + j])
+                part[g, r] = a
+                part[g + 1, r] = c
+    else:
+        for g in range(0, 32, 2):
+            for r in range(R):
+                a = I16(0)
+                c = I16(0)
+                for j in range(8):
+                    a = I16(a + w[8 * g + j, r] * xq[i, o + 8 * g + j])
+                    c = I16(c + w[8 * g + 8 + j, r] * xq[i, o + 8 * g + 8 + j])
+                part[g, r] = a
+                part[g + 1, r] = c
+
+
+@njit(cache=True, inline="always")
+def _decode_q2_k(qs, t, b, w):
+    for m in range(32):
+        e = 128 * (m // 16) + (2 * m) % 32
+        for r in range(R):
+            v = I16(qs[t, b, m, r])
+            for s in range(4):
+                w[e + 32 * s, r] = _bits(v, 2 * s, 3)
+                w[e + 32 * s + 1, r] = _bits(v, 8 + 2 * s, 3)
+
+
+@njit(cache=True, inline="always")
+def _decode_q3_k(qs, hmask, t, b, w):
+    for m in range(32):
+        h = m // 16
+        e = 128 * h + (2 * m) % 32
+        for r in range(R):
+            v = I16(qs[t, b, m, r])
+            hm = I16(hmask[t, b, m % 16, r])
+            for s in range(4):
+                w[e + 32 * s, r] = _q3_value(v, hm, 0, s, h)
+                w[e + 32 * s + 1, r] = _q3_value(v, hm, 1, s, h)
+
+
+@njit(cache=True, inline="always")
+def _decode_q4_k(qs, t, b, w):
+    for m in range(64):
+        e = 64 * (m // 16) + (2 * m) % 32
+        for r in range(R):
+            v = I16(qs[t, b, m, r])
+            w[e, r] = _bits(v, 0, 15)
+            w[e + 1, r] = _bits(v, 8, 15)
+            w[e + 32, r] = _bits(v, 4, 15)
+            w[e + 33, r] = _bits(v, 12, 15)
+
+
+@njit(cache=True, inline="always")
+def _decode_q5_k(qs, qh, t, b, w):
+    for m in range(64):
+        c = m // 16
+        e = 64 * c + (2 * m) % 32
+        for r in range(R):
+            v = I16(qs[t, b, m, r])
+            hb = I16(qh[t, b, m % 16, r])
+            w[e, r] = _bits(v, 0, 15) | _bit_to(hb, 2 * c, 4)
+            w[e + 1, r] = _bits(v, 8, 15) | _bit_to(hb, 8 + 2 * c, 4)
+            w[e + 32, r] = _bits(v, 4, 15) | _bit_to(hb, 2 * c + 1, 4)
+            w[e + 33, r] = _bits(v, 12, 15) | _bit_to(hb, 9 + 2 * c, 4)
+
+
+@njit(cache=True, inline="always")
+def _decode_q6_k(ql, qh, t, b, w):
+    for m in range(64):
+        h = m // 32
+        s = (m % 32) // 16
+        l = (2 * m) % 32
+        e = 128 * h + 32 * s + l
+        for r in range(R):
+            v = I16(ql[t, b, m, r])
+            hw = I16(qh[t, b, 16 * h + l // 2, r])
+            w[e, r] = _q6_value(v, hw, 0, 0, s)
+            w[e + 1, r] = _q6_value(v, hw, 1, 0, s)
+            w[e + 64, r] = _q6_value(v, hw, 0, 1, s)
+            w[e + 65, r] = _q6_value(v, hw, 1, 1, s)
+
+
+@njit(cache=True, fastmath=False, parallel=True)
+def matmul_q2_k(qs, sc, d, dmin, xq, dy, bsums, out):
+    nt, nb = qs.shape[0], qs.shape[1]
+    n = out.shape[0]
+    for t in prange(nt):
+        w = np.empty((QK, R), I16)
+        part = np.empty((16, R), I16)
+        acc = np.zeros((n, R), F32)
+        for b in range(nb):
+            _decode_q2_k(qs, t, b, w)
+            for i in range(n):
+                _sum_decoded(w, xq, i, b * QK, 16, part)
+                _acc_q2_k(acc[i], part, sc[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
+        for i in range(n):
+            _store_tile(acc[i], out, i, t)
+
+
+@njit(cache=True, fastmath=False, parallel=True)
+def matmul_q3_k(qs, hmask, sc, d, xq, dy, bsums, out):
+    nt, nb = qs.shape[0], qs.shape[1]
+    n = out.shape[0]
+    for t in prange(nt):
+        w = np.empty((QK, R), I16)
+        part = np.empty((16, R), I16)
+        acc = np.zeros((n, R), F32)
+        for b in range(nb):
+            _decode_q3_k(qs, hmask, t, b, w)
+            for i in range(n):
+                _sum_decoded(w, xq, i, b * QK, 16, part)
+                _acc_q3_k(acc[i], part, sc[t, b], d[t, b], dy[i, b], bsums, i, b)
+        for i in range(n):
+            _store_tile(acc[i], out, i, t)
+
+
+@njit(cache=True, fastmath=False, parallel=True)
+def matmul_q4_k(qs, sc, mn, d, dmin, xq, dy, bsums, out):
+    nt, nb = qs.shape[0], qs.shape[1]
+    n = out.shape[0]
+    for t in prange(nt):
+        w = np.empty((QK, R), I16)
+        part = np.empty((16, R), I16)
+        acc = np.zeros((n, R), F32)
+        for b in range(nb):
+            _decode_q4_k(qs, t, b, w)
+            for i in range(n):
+                _sum_decoded(w, xq, i, b * QK, 16, part)
+                _acc_k4(acc[i], part, 2, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
+        for i in range(n):
+            _store_tile(acc[i], out, i, t)
+
+
+@njit(cache=True, fastmath=False, parallel=True)
+def matmul_q5_k(qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
+    nt, nb = qs.shape[0], qs.shape[1]
+    n = out.shape[0]
+    for t in prange(nt):
+        w = np.empty((QK, R), I16)
+        part = np.empty((32, R), I16)
+        acc = np.zeros((n, R), F32)
+        for b in range(nb):
+            _decode_q5_k(qs, qh, t, b, w)
+            for i in range(n):
+                _sum_decoded(w, xq, i, b * QK, 8, part)
+                _acc_k4(acc[i], part, 4, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
+        for i in range(n):
+            _store_tile(acc[i], out, i, t)
+
+
+@njit(cache=True, fastmath=False, parallel=True)
+def matmul_q6_k(ql, qh, sc, d, xq, dy, bsums, out):
+    nt, nb = ql.shape[0], ql.shape[1]
+    n = out.shape[0]
+    for t in prange(nt):
+        w = np.empty((QK, R), I16)
+        part = np.empty((32, R), I16)
+        acc = np.zeros((n, R), F32)
+        for b in range(nb):
+            _decode_q6_k(ql, qh, t, b, w)
+            for i in range(n):
+                _sum_decoded(w, xq, i, b * QK, 8, part)
+                _acc_q6_k(acc[i], part, sc[t, b], d[t, b], dy[i, b])
+        for i in range(n):
+            _store_tile(acc[i], out, i, t)
