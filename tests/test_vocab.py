@@ -301,6 +301,27 @@ def test_lone_surrogates_become_replacement_characters(smollm2):
     assert smollm2.tokenize("\ud83e\udd99 llama") == smollm2.tokenize("🦙 llama")   # a pair is joined
 
 
+def test_a_byte_missing_from_the_vocab_keeps_its_neighbours_apart(tmp_path):
+    # llama.cpp merges around the unknown symbol and drops it only at the end, so "a" and "b"
+    # never become adjacent; dropping it first would let the "a b" merge fire.
+    chars = [c for c in gpt2_byte_chars() if c != "-"]
+    path = write_vocab_gguf(tmp_path / "v.gguf", "gpt2", chars + ["ab"], [1] * (len(chars) + 1),
+                            merges=["a b"], pre="bloom", bos_token_id=0)
+    vocab = Vocab.from_file(path)
+    assert vocab.tokenize("a-b", add_special=False) == [vocab.text_to_token("a"), vocab.text_to_token("b")]
+    assert vocab.tokenize("ab", add_special=False) == [vocab.text_to_token("ab")]
+
+
+def test_starcoder_lacks_a_lead_byte_and_splits_there_as_llamacpp_does():
+    vocab = shared_vocab("ggml-vocab-starcoder.gguf")
+    text = "\ue40d\U000704d8"                       # UTF-8: ee 90 8d | f1 b0 93 98
+    assert vocab.text_to_token(gpt2_byte_chars()[0xF1]) is None
+    pieces = [vocab.token_to_piece(i) for i in vocab.tokenize(text, add_special=False)]
+    assert b"".join(pieces) == b"\xee\x90\x8d" + b"\xb0\x93\x98"  # the missing byte is dropped...
+    ends = {sum(map(len, pieces[:k])) for k in range(len(pieces) + 1)}
+    assert 3 in ends                                  # ...and no token spans the gap it leaves
+
+
 # ---- special tokens ---------------------------------------------------------------------------
 
 def test_control_tokens_are_parsed_only_with_parse_special(smollm2):

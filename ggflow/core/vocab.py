@@ -507,18 +507,31 @@ def _parse_merges(merges: Iterable[str], vocab: dict[str, int]) -> list[tuple[st
     return [(a, b) for a, b in pairs if a in vocab and b in vocab and a + b in vocab]
 
 
+def _placeholder_text(vocab: Mapping[str, int]) -> str:
+    text = "\uffff<ggflow: not in the vocabulary>"
+    while text in vocab:
+        text += "\uffff"
+    return text
+
+
 def build_bpe_tokenizer(tokens: Sequence[str], merges: Iterable[str],
                         pre: PreTokenizerSettings, ignore_merges: bool) -> "tokenizers.Tokenizer":
     """A byte-level BPE ``tokenizers.Tokenizer``: pre-tokenizer regexes, byte encoding, BPE.
 
     It has no added tokens: special tokens are cut out before text reaches it, llama.cpp's way.
+    A byte missing from the vocabulary (some vocabularies lack rare UTF-8 lead bytes) becomes the
+    placeholder token with id ``len(tokens)``, which no merge touches, so it keeps its neighbours
+    apart as llama.cpp's unmatched symbol does; the caller drops it, as llama.cpp drops the byte.
     """
     from tokenizers import Regex, Tokenizer, decoders, models
     from tokenizers import pre_tokenizers as pt
 
     vocab = {t: i for i, t in enumerate(tokens)}
-    model = models.BPE(vocab=vocab, merges=_parse_merges(merges, vocab), ignore_merges=ignore_merges,
-                       fuse_unk=False, byte_fallback=False)
+    merge_pairs = _parse_merges(merges, vocab)
+    placeholder = _placeholder_text(vocab)
+    vocab[placeholder] = len(tokens)
+    model = models.BPE(vocab=vocab, merges=merge_pairs, ignore_merges=ignore_merges,
+                       unk_token=placeholder, fuse_unk=False, byte_fallback=False)
     tokenizer = Tokenizer(model)
     tokenizer.pre_tokenizer = pt.Sequence(
         [pt.Split(Regex(r), behavior="isolated") for r in pre.regexes]
@@ -783,11 +796,13 @@ class Vocab:
             after_special = False
 
     def _tokenize_bpe(self, fragments: list[str | int], out: list[int]) -> None:
+        missing = len(self._tokens)        # build_bpe_tokenizer's placeholder for a byte not in the vocab
         for fragment in fragments:
             if isinstance(fragment, int):
                 out.append(fragment)
-            else:
-                out += self.hf_tokenizer.encode(fragment, add_special_tokens=False).ids
+                continue
+            ids = self.hf_tokenizer.encode(fragment, add_special_tokens=False).ids
+            out += [i for i in ids if i != missing] if missing in ids else ids
 
     # ---- ids -> text --------------------------------------------------------------------------
 
