@@ -35,3 +35,7 @@ class QuantizationError(GGFlowError, ValueError):
 
 class ModelLoadError(GGFlowError):
     """A GGUF file that is truncated, malformed, or describes a model ggflow cannot build."""
+
+
+class ChatTemplateError(GGFlowError):
+    """A chat template that does not parse, or that raised while rendering (its own message is kept)."""

@@ -1,0 +1,59 @@
+"""Temperature: temp (logits / t) and temp_ext (dynamic temperature from the entropy, "dynatemp")."""
+from __future__ import annotations
+
+import numpy as np
+
+from ggflow.core.sampling import SamplerBase, TokenDataArray
+
+
+def scale_by_temperature(cur: TokenDataArray, t: float) -> None:
+    """logits / t; t <= 0 keeps only the (first) highest logit and sets the rest to -inf."""
+    if len(cur) == 0:
+        return
+    if t <= 0.0:
+        best = int(np.argmax(cur.logits))
+        logits = np.full_like(cur.logits, -np.inf)
+        logits[best] = cur.logits[best]
+        cur.logits = logits
+        return
+    cur.logits = cur.logits / np.float32(t)
+
+
+class Temp(SamplerBase):
+    name = "temp"
+
+    def __init__(self, t: float):
+        self.t = float(t)
+
+    def apply(self, cur: TokenDataArray) -> None:
+        scale_by_temperature(cur, self.t)
+
+
+class TempExt(SamplerBase):
+    """With delta > 0 the temperature moves within [t - delta, t + delta] with the normalized entropy
+    of the candidates: t_dyn = t_min + (t_max - t_min) * (H / log n) ** exponent. Otherwise plain temp."""
+
+    name = "temp_ext"
+
+    def __init__(self, t: float, delta: float = 0.0, exponent: float = 1.0):
+        self.t, self.delta, self.exponent = float(t), float(delta), float(exponent)
+
+    def dynamic_temperature(self, cur: TokenDataArray) -> float:
+        n = len(cur)
+        probs = cur.softmax()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            entropy = -np.where(probs > 0, probs * np.log(probs), np.float32(0)).sum(dtype=np.float32)
+        normalized = entropy / np.float32(-np.log(np.float32(1.0) / np.float32(n)))
+        low, high = max(0.0, self.t - self.delta), self.t + self.delta
+        return float(np.float32(low) + np.float32(high - low) * np.power(normalized, np.float32(self.exponent)))
+
+    def apply(self, cur: TokenDataArray) -> None:
+        if self.delta <= 0:
+            scale_by_temperature(cur, self.t)
+            return
+        if len(cur) <= 1:
+            return
+        scale_by_temperature(cur, self.dynamic_temperature(cur))
+        # llama.cpp renormalizes in double after scaling
+        weights = np.exp(cur.logits.astype(np.float64) - float(cur.logits.max()))
+        cur.probs = (weights / weights.sum()).astype(np.float32)
