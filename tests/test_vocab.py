@@ -264,6 +264,9 @@ def test_missing_vocabulary_and_bad_files_are_load_errors(tmp_path):
     w.close()
     with pytest.raises(ModelLoadError, match="tokenizer.ggml.tokens is missing"):
         Vocab.from_file(tmp_path / "empty.gguf")
+    no_merges = write_vocab_gguf(tmp_path / "nomerges.gguf", "gpt2", gpt2_byte_chars(), pre="gpt-2")
+    with pytest.raises(ModelLoadError, match="tokenizer.ggml.merges is missing"):
+        Vocab.from_file(no_merges)
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(ModelLoadError, match="junk.gguf"):
         Vocab.from_file(tmp_path / "junk.gguf")

@@ -673,9 +673,11 @@ class Vocab:
         if model == "llama":
             self._spm, self.hf_tokenizer = _SpmEngine(self._token_to_id, self._scores), None
         else:
+            merges = meta.get(_KEY + "merges")
+            if merges is None and self.pre != "kimi-k2":
+                raise ModelLoadError(f"{source}: tokenizer.ggml.merges is missing (a gpt2 BPE vocabulary needs it)")
             self._spm = None
-            self.hf_tokenizer = build_bpe_tokenizer(self._tokens, meta.get(_KEY + "merges") or [], pre,
-                                                    self.flags.ignore_merges)
+            self.hf_tokenizer = build_bpe_tokenizer(self._tokens, merges or [], pre, self.flags.ignore_merges)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "Vocab":
