@@ -236,10 +236,10 @@ def test_metadata_reader_matches_gguf_reader_on_a_shared_vocab():
     reader = gguf.GGUFReader(str(path))
     for key in ("tokenizer.ggml.model", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.add_bos_token"):
         assert fast[key] == reader.fields[key].contents()
-    tokens = reader.fields["tokenizer.ggml.tokens"]
-    assert fast["tokenizer.ggml.tokens"][::997] == [tokens.contents(i) for i in range(0, len(tokens.data), 997)]
-    scores = reader.fields["tokenizer.ggml.scores"]
-    assert fast["tokenizer.ggml.scores"][::997].tolist() == [scores.contents(i) for i in range(0, len(scores.data), 997)]
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        field = reader.fields[key]
+        sample = [field.contents(i) for i in range(0, len(field.data), 997)]
+        assert list(fast[key][::997]) == sample and len(fast[key]) == len(field.data)
 
 
 # ---- errors -----------------------------------------------------------------------------------
