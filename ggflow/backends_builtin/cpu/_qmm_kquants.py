@@ -10,8 +10,11 @@ scale/min fields into one byte each, and the f16 super-block scales into f32 (me
 bytes per 110, Q4_K/Q5_K +4+4 per 144/176, Q2_K +4 per 84, Q6_K +2 per 210).
 
 Group sizes (products that fit int16, activations |x| <= 127):
-  Q2_K quant 0..3: 16 (one scale group)   Q3_K 0..7: 16   Q4_K 0..15: 16
-  Q5_K 0..31: 8                           Q6_K -32..31 (signed): 8
+  Q2_K quant 0..3: 16 (one scale group)   Q3_K 0..7: 8 (16 would fit; 8 keeps the unrolled loop small)
+  Q4_K 0..15: 16   Q5_K 0..31: 8           Q6_K -32..31 (signed): 8
+
+Shift amounts must be compile-time constants: numba computes a shift by a run-time amount in
+64-bit lanes, which costs 4x. Hence the helpers called with literal chunk / half numbers.
 """
 from __future__ import annotations
 
@@ -131,15 +134,16 @@ def _q3_value(v, hm, byte, s, h):
 
 
 @njit(cache=True, inline="always")
-def _sum_q3_segment(qs, hmask, t, b, xq, i, o, q, part):
-    h = q // 2
+def _sum_q3_quad(qs, hmask, t, b, xq, i, o, h, q, half, part):
+    """Words 8q + 4half .. +3 (8 bytes, h = q // 2 given as a constant so every shift is one):
+    groups of 8 products into part[2 * g16 + half], g16 = 8h + 2s + q % 2 for s = 0..3."""
     for r in range(R):
         a0 = I16(0)
         a1 = I16(0)
         a2 = I16(0)
         a3 = I16(0)
-        for mm in range(8):
-            m = 8 * q + mm
+        for mm in range(4):
+            m = 8 * q + 4 * half + mm
             v = I16(qs[t, b, m, r])
             hm = I16(hmask[t, b, m % 16, r])     # hmask bytes l, l+1
             e = o + 128 * h + (2 * m) % 32
@@ -147,11 +151,22 @@ def _sum_q3_segment(qs, hmask, t, b, xq, i, o, q, part):
             a1 = I16(a1 + _q3_value(v, hm, 0, 1, h) * xq[i, e + 32] + _q3_value(v, hm, 1, 1, h) * xq[i, e + 33])
             a2 = I16(a2 + _q3_value(v, hm, 0, 2, h) * xq[i, e + 64] + _q3_value(v, hm, 1, 2, h) * xq[i, e + 65])
             a3 = I16(a3 + _q3_value(v, hm, 0, 3, h) * xq[i, e + 96] + _q3_value(v, hm, 1, 3, h) * xq[i, e + 97])
-        g = 8 * h + q % 2
+        g = 2 * (8 * h + q % 2) + half
         part[g, r] = a0
-        part[g + 2, r] = a1
-        part[g + 4, r] = a2
-        part[g + 6, r] = a3
+        part[g + 4, r] = a1
+        part[g + 8, r] = a2
+        part[g + 12, r] = a3
+
+
+@njit(cache=True, inline="always")
+def _sum_q3_block(qs, hmask, t, b, xq, i, o, part):
+    # literal h: a shift by a run-time amount would be done in 64-bit lanes
+    for q in range(2):
+        _sum_q3_quad(qs, hmask, t, b, xq, i, o, 0, q, 0, part)
+        _sum_q3_quad(qs, hmask, t, b, xq, i, o, 0, q, 1, part)
+    for q in range(2, 4):
+        _sum_q3_quad(qs, hmask, t, b, xq, i, o, 1, q, 0, part)
+        _sum_q3_quad(qs, hmask, t, b, xq, i, o, 1, q, 1, part)
 
 
 # -------------------------------------------------------------------------------- Q4_K / Q5_K phase 1
@@ -194,6 +209,21 @@ def _sum_q5k_quarter(qs, qh, t, b, xq, i, o, c, qt, part):
         part[8 * c + 4 + qt, r] = hi
 
 
+@njit(cache=True, inline="always")
+def _sum_q5k_chunk(qs, qh, t, b, xq, i, o, c, part):
+    for qt in range(4):
+        _sum_q5k_quarter(qs, qh, t, b, xq, i, o, c, qt, part)
+
+
+@njit(cache=True, inline="always")
+def _sum_q5k_block(qs, qh, t, b, xq, i, o, part):
+    # literal c: the fifth-bit shifts depend on it and must be constants (see _sum_q3_block)
+    _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 0, part)
+    _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 1, part)
+    _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 2, part)
+    _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 3, part)
+
+
 # ------------------------------------------------------------------------------------- Q6_K phase 1
 # ql word m (0..63): half h = m // 32, byte position p = 2m % 64. Its low nibbles are elements
 # 128h + 32s + l, its high nibbles 128h + 32(s + 2) + l, with s = p // 32 and l = p % 32. The two
@@ -225,6 +255,21 @@ def _sum_q6_quarter(ql, qh, t, b, xq, i, o, h, s, qt, part):
         part[16 * h + 4 * (s + 2) + qt, r] = hi
 
 
+@njit(cache=True, inline="always")
+def _sum_q6_hs(ql, qh, t, b, xq, i, o, h, s, part):
+    for qt in range(4):
+        _sum_q6_quarter(ql, qh, t, b, xq, i, o, h, s, qt, part)
+
+
+@njit(cache=True, inline="always")
+def _sum_q6_block(ql, qh, t, b, xq, i, o, part):
+    # literal s: the high-bit shifts depend on it and must be constants (see _sum_q3_block)
+    _sum_q6_hs(ql, qh, t, b, xq, i, o, 0, 0, part)
+    _sum_q6_hs(ql, qh, t, b, xq, i, o, 0, 1, part)
+    _sum_q6_hs(ql, qh, t, b, xq, i, o, 1, 0, part)
+    _sum_q6_hs(ql, qh, t, b, xq, i, o, 1, 1, part)
+
+
 # ------------------------------------------------------------------------------------------ phase 2
 @njit(cache=True, inline="always")
 def _acc_q2_k(acc, part, sc, d, dmin, dy, bsums, i, b):
@@ -241,11 +286,12 @@ def _acc_q2_k(acc, part, sc, d, dmin, dy, bsums, i, b):
 
 @njit(cache=True, inline="always")
 def _acc_q3_k(acc, part, sc, d, dy, bsums, i, b):
-    """sum over 16-groups of scale * (sum(u * x) - 4 * bsum): u = q + 4 is what phase 1 summed."""
+    """sum over 16-groups of scale * (sum(u * x) - 4 * bsum): u = q + 4 is what phase 1 summed,
+    in two 8-groups per 16-group."""
     for r in range(R):
         isum = I32(0)
         for g in range(16):
-            isum += I32(sc[g, r]) * (I32(part[g, r]) - 4 * bsums[i, 16 * b + g])
+            isum += I32(sc[g, r]) * (I32(part[2 * g, r]) + I32(part[2 * g + 1, r]) - 4 * bsums[i, 16 * b + g])
         acc[r] += (dy * d[r]) * F32(isum)
 
 
@@ -300,13 +346,12 @@ def matvec_q2_k(qs, sc, d, dmin, xq, dy, bsums, out):
 def matvec_q3_k(qs, hmask, sc, d, xq, dy, bsums, out):
     nt, nb = qs.shape[0], qs.shape[1]
     for t in prange(nt):
-        part = np.empty((16, R), I16)
+        part = np.empty((32, R), I16)
         acc = np.empty(R, F32)
         for i in range(out.shape[0]):
             acc[:] = 0
             for b in range(nb):
-                for q in range(4):
-                    _sum_q3_segment(qs, hmask, t, b, xq, i, b * QK, q, part)
+                _sum_q3_block(qs, hmask, t, b, xq, i, b * QK, part)
                 _acc_q3_k(acc, part, sc[t, b], d[t, b], dy[i, b], bsums, i, b)
             _store_tile(acc, out, i, t)
 
@@ -336,9 +381,7 @@ def matvec_q5_k(qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
         for i in range(out.shape[0]):
             acc[:] = 0
             for b in range(nb):
-                for c in range(4):
-                    for qt in range(4):
-                        _sum_q5k_quarter(qs, qh, t, b, xq, i, b * QK, c, qt, part)
+                _sum_q5k_block(qs, qh, t, b, xq, i, b * QK, part)
                 _acc_k4(acc, part, 4, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
             _store_tile(acc, out, i, t)
 
@@ -352,10 +395,7 @@ def matvec_q6_k(ql, qh, sc, d, xq, dy, bsums, out):
         for i in range(out.shape[0]):
             acc[:] = 0
             for b in range(nb):
-                for h in range(2):
-                    for s in range(2):
-                        for qt in range(4):
-                            _sum_q6_quarter(ql, qh, t, b, xq, i, b * QK, h, s, qt, part)
+                _sum_q6_block(ql, qh, t, b, xq, i, b * QK, part)
                 _acc_q6_k(acc, part, sc[t, b], d[t, b], dy[i, b])
             _store_tile(acc, out, i, t)
 
@@ -401,9 +441,8 @@ def _decode_q2_k(qs, t, b, w):
 
 
 @njit(cache=True, inline="always")
-def _decode_q3_k(qs, hmask, t, b, w):
-    for m in range(32):
-        h = m // 16
+def _decode_q3_k_half(qs, hmask, t, b, h, w):
+    for m in range(16 * h, 16 * h + 16):
         e = 128 * h + (2 * m) % 32
         for r in range(R):
             v = I16(qs[t, b, m, r])
@@ -411,6 +450,12 @@ def _decode_q3_k(qs, hmask, t, b, w):
             for s in range(4):
                 w[e + 32 * s, r] = _q3_value(v, hm, 0, s, h)
                 w[e + 32 * s + 1, r] = _q3_value(v, hm, 1, s, h)
+
+
+@njit(cache=True, inline="always")
+def _decode_q3_k(qs, hmask, t, b, w):
+    _decode_q3_k_half(qs, hmask, t, b, 0, w)
+    _decode_q3_k_half(qs, hmask, t, b, 1, w)
 
 
 @njit(cache=True, inline="always")
@@ -426,9 +471,8 @@ def _decode_q4_k(qs, t, b, w):
 
 
 @njit(cache=True, inline="always")
-def _decode_q5_k(qs, qh, t, b, w):
-    for m in range(64):
-        c = m // 16
+def _decode_q5_k_chunk(qs, qh, t, b, c, w):
+    for m in range(16 * c, 16 * c + 16):
         e = 64 * c + (2 * m) % 32
         for r in range(R):
             v = I16(qs[t, b, m, r])
@@ -440,10 +484,16 @@ def _decode_q5_k(qs, qh, t, b, w):
 
 
 @njit(cache=True, inline="always")
-def _decode_q6_k(ql, qh, t, b, w):
-    for m in range(64):
-        h = m // 32
-        s = (m % 32) // 16
+def _decode_q5_k(qs, qh, t, b, w):
+    _decode_q5_k_chunk(qs, qh, t, b, 0, w)
+    _decode_q5_k_chunk(qs, qh, t, b, 1, w)
+    _decode_q5_k_chunk(qs, qh, t, b, 2, w)
+    _decode_q5_k_chunk(qs, qh, t, b, 3, w)
+
+
+@njit(cache=True, inline="always")
+def _decode_q6_k_hs(ql, qh, t, b, h, s, w):
+    for m in range(32 * h + 16 * s, 32 * h + 16 * s + 16):
         l = (2 * m) % 32
         e = 128 * h + 32 * s + l
         for r in range(R):
@@ -453,6 +503,14 @@ def _decode_q6_k(ql, qh, t, b, w):
             w[e + 1, r] = _q6_value(v, hw, 1, 0, s)
             w[e + 64, r] = _q6_value(v, hw, 0, 1, s)
             w[e + 65, r] = _q6_value(v, hw, 1, 1, s)
+
+
+@njit(cache=True, inline="always")
+def _decode_q6_k(ql, qh, t, b, w):
+    _decode_q6_k_hs(ql, qh, t, b, 0, 0, w)
+    _decode_q6_k_hs(ql, qh, t, b, 0, 1, w)
+    _decode_q6_k_hs(ql, qh, t, b, 1, 0, w)
+    _decode_q6_k_hs(ql, qh, t, b, 1, 1, w)
 
 
 @njit(cache=True, fastmath=False, parallel=True)
@@ -478,12 +536,12 @@ def matmul_q3_k(qs, hmask, sc, d, xq, dy, bsums, out):
     n = out.shape[0]
     for t in prange(nt):
         w = np.empty((QK, R), I16)
-        part = np.empty((16, R), I16)
+        part = np.empty((32, R), I16)
         acc = np.zeros((n, R), F32)
         for b in range(nb):
             _decode_q3_k(qs, hmask, t, b, w)
             for i in range(n):
-                _sum_decoded(w, xq, i, b * QK, 16, part)
+                _sum_decoded(w, xq, i, b * QK, 8, part)
                 _acc_q3_k(acc[i], part, sc[t, b], d[t, b], dy[i, b], bsums, i, b)
         for i in range(n):
             _store_tile(acc[i], out, i, t)
