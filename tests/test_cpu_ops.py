@@ -13,6 +13,7 @@ import pytest
 
 from ggflow.backends_builtin.cpu import CPUBackend
 from ggflow.backends_builtin.cpu.kernels_matmul import load_quant_matmul
+from ggflow.backends_builtin.cpu.kernels_rope import rope_cache
 from ggflow.backends_builtin.cpu.threads import PARALLEL_MIN_ELEMENTS
 from ggflow.core import ops
 from ggflow.core.backend import HostBuffer
@@ -253,6 +254,22 @@ def test_rope_of_many_tokens_runs_tokens_in_parallel():
     run(out)
     expected = _rope64(x_np.astype(np.float64), pos_np, 64, False, 10000.0, 1.0)
     np.testing.assert_allclose(values(out), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_rope_rotation_rounds_like_a_native_ggml_build():
+    # GCC fuses ggml's x0*cos - x1*sin into fma(x0, cos, -(x1*sin)): the first product is not rounded.
+    x_np, pos_np = randn(20, 4, 32), rng.integers(0, 2000, 20).astype(np.int32)
+    out = ops.rope(leaf("F32", x_np), leaf("I32", pos_np), 32, ops.ROPE_NEOX, freq_base=10000.0)
+    run(out)
+    f = np.float32
+    cos, sin = rope_cache(pos_np, np.ones(1, f), False, 32, 0, f(10000), f(1), f(0), f(1), f(32), f(1))
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    x0, x1 = x_np[..., :16], x_np[..., 16:]
+    fused = np.concatenate([(x0.astype(np.float64) * cos - x1 * sin).astype(np.float32),
+                            (x0.astype(np.float64) * sin + x1 * cos).astype(np.float32)], axis=-1)
+    rounded_twice = np.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
+    np.testing.assert_array_equal(data_of(out), fused)
+    assert (fused != rounded_twice).any()   # the check can tell the two apart
 
 
 def test_rope_freq_factors_divide_the_angles():

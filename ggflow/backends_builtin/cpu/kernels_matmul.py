@@ -29,6 +29,14 @@ from ggflow.core.types import TypeTraits, type_traits
 from ggflow.errors import UnknownNameError
 
 Kernel = Callable[[], None]
+# The generic path multiplies a weight by exactly this many activation rows per BLAS call (the last
+# chunk zero-padded). BLAS picks its kernel, and so its summation order, by the shape of the call: with
+# one shape for every call, a row's result does not depend on how many rows came with it, so decoding
+# token by token gives what one batch gives, as in ggml. That matters where activations are quantized
+# next (Q8_0 before a quantized matmul): a last-bit difference can flip a rounding and move logits by
+# 1e-2. Attention (K, V views) is multiplied in one call instead: padding a decode step's single query
+# row to 16 would multiply its work by 16, and measured logits did not depend on it.
+ROWS_PER_GEMM = 16
 QUANT_MATMUL_MODULE = "ggflow.backends_builtin.cpu.quant_matmul"
 
 
@@ -48,9 +56,8 @@ class PackedWeights:
         self._packs: dict[Tensor, tuple[int, list[list[Any]]]] = {}  # tensor -> (data address, packs[i3][i2])
 
     def is_eligible(self, t: Tensor) -> bool:
-        return (self.kernels is not None and t.type.name in self.kernels.SUPPORTED_TYPES and t.is_leaf
-                and t.view_src is None and not t.flags & TensorFlag.INPUT and t.is_contiguous()
-                and t.buffer is not None and t.buffer.is_host)
+        return (self.kernels is not None and t.type.name in self.kernels.SUPPORTED_TYPES and is_weight(t)
+                and t.is_contiguous() and t.buffer is not None and t.buffer.is_host)
 
     def get(self, t: Tensor) -> list[list[Any]] | None:
         """The packs of a weight (packing it now if it is new or its memory moved); None if not eligible."""
@@ -103,24 +110,49 @@ def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arra
 def _bind_generic(node: Tensor, arrays: TensorArrays) -> Kernel:
     a, b = node.src
     a_view, b_view, out = arrays.view(a), arrays.view(b), arrays.view(node)
-    out_groups = group_batches(out, a.ne[3], a.ne[2])       # (A3, r3, A2, r2, n, m)
-    round_x = vec_dot_rounding(a.type, a.ne[0])
+    a3, a2, (k, m, n) = a.ne[3], a.ne[2], (a.ne[0], a.ne[1], b.ne[1])
+    rows = ROWS_PER_GEMM if is_weight(a) else n
+    n_padded = -(-n // rows) * rows
+    round_x = vec_dot_rounding(a.type, k)
 
-    def run() -> None:
-        w = blas_ready(to_f32(a_view, a.type))             # (A3, A2, m, k)
-        x = blas_ready(round_x(to_f32(b_view, b.type)))    # (B3, B2, n, k)
-        w_t = np.swapaxes(w[:, None, :, None], -1, -2)     # (A3, 1, A2, 1, k, m)
-        np.matmul(group_batches(x, a.ne[3], a.ne[2]), w_t, out=out_groups)
-    return run
+    def weights_t() -> np.ndarray:
+        w = blas_ready(to_f32(a_view, a.type))                          # (A3, A2, m, k)
+        return np.swapaxes(w[:, None, :, None, None], -1, -2)           # (A3, 1, A2, 1, 1, k, m)
+
+    if n_padded == n:
+        out_chunks = row_chunks(out, a3, a2, rows)                      # (A3, r3, A2, r2, c, R, m)
+
+        def run() -> None:
+            x = blas_ready(round_x(to_f32(b_view, b.type)))             # (B3, B2, n, k)
+            np.matmul(row_chunks(x, a3, a2, rows), weights_t(), out=out_chunks)
+        return run
+
+    x_padded = np.zeros((b.ne[3], b.ne[2], n_padded, k), dtype=F32)    # rows from n on stay 0
+    out_padded = np.empty((b.ne[3], b.ne[2], n_padded, m), dtype=F32)
+    x_chunks, out_chunks = row_chunks(x_padded, a3, a2, rows), row_chunks(out_padded, a3, a2, rows)
+
+    def run_padded() -> None:
+        x_padded[:, :, :n] = round_x(to_f32(b_view, b.type))
+        np.matmul(x_chunks, weights_t(), out=out_chunks)
+        out[...] = out_padded[:, :, :n]
+    return run_padded
 
 
-def group_batches(x: np.ndarray, a3: int, a2: int) -> np.ndarray:
-    """(B3, B2, r, c) -> (A3, B3/A3, A2, B2/A2, r, c), a view: b batch i2 belongs to a matrix i2 // (B2/A2)."""
-    b3, b2, r, c = x.shape
+def is_weight(t: Tensor) -> bool:
+    return t.is_leaf and t.view_src is None and not t.flags & TensorFlag.INPUT
+
+
+def row_chunks(x: np.ndarray, a3: int, a2: int, rows: int) -> np.ndarray:
+    """(B3, B2, n, c) -> (A3, B3/A3, A2, B2/A2, n/rows, rows, c), a view.
+
+    b's batch i2 belongs to a's matrix i2 // (B2/A2), as in ggml.
+    """
+    b3, b2, n, c = x.shape
     s3, s2, s1, s0 = x.strides
     r3, r2 = b3 // a3, b2 // a2
-    return np.lib.stride_tricks.as_strided(x, (a3, r3, a2, r2, r, c), (s3 * r3, s3, s2 * r2, s2, s1, s0),
-                                           writeable=x.flags.writeable)
+    return np.lib.stride_tricks.as_strided(
+        x, (a3, r3, a2, r2, n // rows, rows, c), (s3 * r3, s3, s2 * r2, s2, s1 * rows, s1, s0),
+        writeable=x.flags.writeable)
 
 
 def blas_ready(m: np.ndarray) -> np.ndarray:

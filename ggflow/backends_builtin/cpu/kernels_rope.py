@@ -8,8 +8,10 @@ with the extrapolated one by a ramp over the pair index between the correction d
 magnitude by 1 + 0.1*ln(1/freq_scale) when ext_factor != 0; attn_factor scales cos and sin.
 
 Normal mode rotates adjacent pairs (x[2k], x[2k+1]), neox mode rotates halves (x[k], x[k + n_dims/2]).
-Channels from n_dims on pass through. ggml compiles its rotation with FMA contraction where the compiler
-chooses to; we round each product, so a result can differ from ggml's in its last float bit.
+Channels from n_dims on pass through. The rotation and YaRN's blend use fused multiply-adds where GCC
+contracts ggml's C (see c_arith): with libm's cosf/sinf/powf/logf that makes the results bit-exact with
+a native ggml build (checked for both modes, with and without YaRN). A build without FMA rounds each
+product instead: the last float bit then differs in about a quarter of the values.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import numpy as np
 from numba import njit, prange
 
 from ggflow.backends_builtin.cpu.arrays import F32, F32Target, TensorArrays, to_f32
+from ggflow.backends_builtin.cpu.c_arith import fma_f32
 from ggflow.backends_builtin.cpu.threads import driver_for
 from ggflow.core.ops import ROPE_NEOX
 from ggflow.core.tensor import Tensor
@@ -54,7 +57,7 @@ def rope_cache(positions, freq_factors, has_freq_factors, n_dims, n_ctx_orig, fr
     theta_scale = freq_base ** (np.float32(-2.0) / np.float32(n_dims))
     corr_low, corr_high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     ramp_width = max(np.float32(0.001), corr_high - corr_low)
-    yarn_mscale = attn_factor * (one + np.float32(0.1) * np.log(one / freq_scale))
+    yarn_mscale = attn_factor * fma_f32(np.float32(0.1), np.log(one / freq_scale), one)
     cos = np.empty((positions.shape[0], half), dtype=np.float32)
     sin = np.empty((positions.shape[0], half), dtype=np.float32)
     for t in range(positions.shape[0]):
@@ -66,7 +69,7 @@ def rope_cache(positions, freq_factors, has_freq_factors, n_dims, n_ctx_orig, fr
             if ext_factor != np.float32(0.0):
                 ramp = one - min(one, max(np.float32(0.0), (np.float32(k) - corr_low) / ramp_width))
                 mix = ramp * ext_factor
-                angle, mscale = interp * (one - mix) + extrap * mix, yarn_mscale
+                angle, mscale = fma_f32(interp, one - mix, extrap * mix), yarn_mscale
             cos[t, k] = np.cos(angle) * mscale
             sin[t, k] = np.sin(angle) * mscale
             theta = theta * theta_scale
@@ -82,8 +85,8 @@ def rotate_token(x, cos, sin, y, neox):
             a = k if neox else 2 * k
             b = k + half if neox else 2 * k + 1
             x0, x1 = x[h, a], x[h, b]
-            y[h, a] = x0 * cos[k] - x1 * sin[k]
-            y[h, b] = x0 * sin[k] + x1 * cos[k]
+            y[h, a] = fma_f32(x0, cos[k], -(x1 * sin[k]))
+            y[h, b] = fma_f32(x0, sin[k], x1 * cos[k])
         for i in range(2 * half, x.shape[1]):
             y[h, i] = x[h, i]
 
