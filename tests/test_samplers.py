@@ -164,6 +164,17 @@ def test_top_k_keeps_exactly_the_k_highest_in_descending_order():
     assert len(applied(make_sampler("top_k", k=10), logits[:5])) == 5
 
 
+def test_top_k_over_mostly_masked_candidates():
+    logits = random_logits(VOCAB, 20)
+    logits[logits < 4.0] = -np.inf  # as top_n_sigma or a grammar leaves them
+    cur = applied(make_sampler("top_k", k=40), logits)
+    np.testing.assert_array_equal(cur.logits, np.sort(logits)[::-1][:40])
+    few = np.full(1000, -np.inf, dtype=np.float32)
+    few[[7, 3, 500]] = [1.0, 2.0, 0.5]
+    cur = applied(make_sampler("top_k", k=5), few)
+    assert cur.ids[:3].tolist() == [3, 7, 500] and len(cur) == 5 and np.all(np.isneginf(cur.logits[3:]))
+
+
 def check_top_p(logits: np.ndarray, p: float, kept: TokenDataArray) -> None:
     probs = softmax(logits)
     order = np.argsort(-logits, kind="stable")

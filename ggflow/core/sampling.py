@@ -72,7 +72,14 @@ class TokenDataArray:
         k = min(k, n)
         if self.sorted:
             return np.arange(k)
-        if k < n:
+        if k < n and self.logits.min() == -np.inf:
+            # numpy's introselect slows 15x on many equal keys: partition the live (finite) ones only
+            live = np.flatnonzero(self.logits != -np.inf)
+            if len(live) >= k:
+                part = live[np.argpartition(self.logits[live], len(live) - k)[len(live) - k:]]
+            else:
+                part = np.concatenate([live, np.flatnonzero(self.logits == -np.inf)[:k - len(live)]])
+        elif k < n:
             part = np.argpartition(self.logits, n - k)[n - k:]
         else:
             part = np.arange(n)
