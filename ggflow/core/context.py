@@ -28,12 +28,16 @@ DECODE_NO_KV_SLOT = 1   # llama.cpp's contract: the batch did not fit; nothing c
 
 
 def make_backends(names: "str | Sequence[str]" = "auto", n_threads: int | None = None) -> list[Backend]:
-    """Instantiate backends by name ("auto": every available one by priority); the CPU always comes last."""
+    """Instantiate backends by name ("auto": every available one by priority); the CPU always comes last.
+
+    "auto" leaves out backends ranked below the CPU (negative priority, e.g. Vulkan on a CPU driver):
+    they are slower than the CPU backend and run only when asked for by name.
+    """
     from ggflow.plugins.manager import get_plugin_manager
 
     registry = get_plugin_manager().backends
     if names == "auto":
-        classes = [r.obj for r in registry if r.obj.is_available()]
+        classes = [r.obj for r in registry if r.obj.priority >= 0 and r.obj.is_available()]
         classes.sort(key=lambda c: -c.priority)
     else:
         classes = [registry.get(n) for n in ([names] if isinstance(names, str) else names)]

@@ -1,0 +1,92 @@
+"""VulkanBackend: runs graph nodes as Vulkan compute shaders on a GPU (or on Mesa's lavapipe).
+
+compile() turns a split's nodes into dispatches once (kernels.py, dispatch.py) and records them into a
+command buffer (plan.py); every reuse of the graph replays it with one submit. Ops, types or layouts the
+shaders don't cover are refused in supports_op, so the scheduler runs those nodes on the CPU.
+
+Priority: a real GPU outranks the CPU backend; a CPU driver (lavapipe) gets a negative priority, which
+backend="auto" skips, since it is slower than the CPU backend. It still runs when asked for by name.
+"""
+from __future__ import annotations
+
+from abc import ABCMeta
+from typing import ClassVar, Mapping, Sequence
+
+from ggflow.backends_builtin.vulkan.buffers import DeviceBuffer
+from ggflow.backends_builtin.vulkan.device import VulkanDevice, VulkanUnavailable, device_if_available, get_device
+from ggflow.backends_builtin.vulkan.dispatch import fit
+from ggflow.backends_builtin.vulkan.kernels import BuildContext, OpKernel, addressable, all_kernels
+from ggflow.backends_builtin.vulkan.pipelines import pipelines_for
+from ggflow.backends_builtin.vulkan.plan import VulkanPlan
+from ggflow.core.backend import Availability, Backend
+from ggflow.core.tensor import Tensor
+from ggflow.errors import BackendError
+
+GPU_PRIORITY = 100
+CPU_DRIVER_PRIORITY = -1
+NOTHING_TO_RUN = frozenset({"view", "reshape", "permute", "transpose"})
+
+
+class _DevicePriority(ABCMeta):
+    """Makes ``VulkanBackend.priority`` depend on the device found, as make_backends reads it off the class."""
+
+    @property
+    def priority(cls) -> int:
+        device = device_if_available()
+        return GPU_PRIORITY if device is not None and device.info.is_gpu else CPU_DRIVER_PRIORITY
+
+
+class VulkanBackend(Backend, metaclass=_DevicePriority):
+    name: ClassVar[str] = "vulkan"
+    alignment: ClassVar[int] = 256   # the largest minStorageBufferOffsetAlignment Vulkan allows
+    description: ClassVar[str] = "Vulkan compute shaders (GPUs; Mesa's lavapipe on CPUs)"
+
+    def __init__(self) -> None:
+        try:
+            self.device: VulkanDevice = get_device()
+        except VulkanUnavailable as exc:
+            raise BackendError(f"the vulkan backend is not available: {exc}") from None
+        self.pipelines = pipelines_for(self.device)
+        self.kernels: dict[str, OpKernel] = all_kernels()
+
+    @classmethod
+    def is_available(cls) -> Availability:
+        try:
+            device = get_device()
+        except VulkanUnavailable as exc:
+            return Availability(False, str(exc))
+        except Exception as exc:  # a broken driver must not take the plugin listing down with it
+            return Availability(False, f"probing Vulkan failed: {type(exc).__name__}: {exc}")
+        return Availability(True, f"{device.info.name} ({device.info.kind})")
+
+    # -- memory ----------------------------------------------------------------------------------------
+    def alloc_buffer(self, size: int) -> DeviceBuffer:
+        return DeviceBuffer(self.device, size, self.name)
+
+    # -- ops -------------------------------------------------------------------------------------------
+    def supports_op(self, node: Tensor) -> bool:
+        if node.op in NOTHING_TO_RUN or node.nelements == 0:
+            return True
+        kernel = self.kernels.get(node.op)
+        if kernel is None or not addressable(node):
+            return False
+        return kernel.supports(node, self.device.limits)
+
+    def compile(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> VulkanPlan:
+        ctx = BuildContext(self.device, self.pipelines, substitutes or {})
+        works = []
+        for node in nodes:
+            if node.op in NOTHING_TO_RUN or node.nelements == 0:
+                continue
+            if not self.supports_op(node):
+                raise BackendError(f"the vulkan backend cannot run {node!r} (op {node.op!r}, "
+                                   f"types {[s.type.name for s in node.src]} -> {node.type.name})")
+            works += self.kernels[node.op].build(node, ctx)
+        dispatches = [d for w in works for d in fit(w, self.device.limits)]
+        return VulkanPlan(self.device, dispatches, keep_alive=[ctx.scratch] if ctx.scratch else [])
+
+    def compute(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> None:
+        self.compile(nodes, substitutes)()
+
+    def __repr__(self) -> str:
+        return f"VulkanBackend({self.device.info.name})"

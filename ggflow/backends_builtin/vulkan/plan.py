@@ -1,0 +1,75 @@
+"""A compiled split: its dispatches recorded once into a command buffer, replayed on every call.
+
+Dispatches run in graph order with a memory barrier after each (a kernel reads what the one before it
+wrote); the last barrier makes the results visible to the host and to transfer copies. Calling the plan
+submits the command buffer and waits for it, so the scheduler can read outputs right after. The plan
+keeps the buffers it binds alive: a buffer released while a recorded command still points at it would
+be a use-after-free on the device.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Sequence
+
+from ggflow.backends_builtin.vulkan import device as devmod
+from ggflow.backends_builtin.vulkan.device import VulkanDevice
+from ggflow.backends_builtin.vulkan.dispatch import Dispatch
+from ggflow.backends_builtin.vulkan.pipelines import PUSH_CONSTANT_BYTES, DescriptorSets
+
+
+class VulkanPlan:
+    def __init__(self, device: VulkanDevice, dispatches: Sequence[Dispatch], keep_alive: Sequence[Any] = ()):
+        self.device = device
+        self.dispatches = list(dispatches)
+        self.keep_alive = list(keep_alive) + list({id(b[0]): b[0] for d in self.dispatches for b in d.bindings}
+                                                  .values())
+        self.command_buffer = None
+        self.submit_info = None
+        if self.dispatches:
+            self._record()
+
+    def __len__(self) -> int:
+        return len(self.dispatches)
+
+    def _record(self) -> None:
+        vk, dev = self.device.vk, self.device
+        with dev.lock:
+            self.descriptors = DescriptorSets(dev, [d.pipeline.set_layout for d in self.dispatches],
+                                              sum(len(d.bindings) for d in self.dispatches))
+            for i, d in enumerate(self.dispatches):
+                self.descriptors.write(i, [(buf.handle, offset, size) for buf, offset, size in d.bindings])
+            cmd = dev.allocate_command_buffer()
+            self.command_buffer = cmd
+            self._finalizer = weakref.finalize(self, _free_command_buffer, dev, cmd)
+            self._finalizer.atexit = False
+            vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
+            between = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+                                         dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+            compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+            bind_point = vk.VK_PIPELINE_BIND_POINT_COMPUTE
+            for i, d in enumerate(self.dispatches):
+                if i:
+                    vk.vkCmdPipelineBarrier(cmd, compute, compute, 0, 1, [between], 0, None, 0, None)
+                vk.vkCmdBindPipeline(cmd, bind_point, d.pipeline.handle)
+                vk.vkCmdBindDescriptorSets(cmd, bind_point, d.pipeline.layout, 0, 1,
+                                           [self.descriptors.sets[i]], 0, None)
+                push = d.push.ljust(PUSH_CONSTANT_BYTES, b"\0")
+                vk.vkCmdPushConstants(cmd, d.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push),
+                                      vk.ffi.new("char[]", push))
+                vk.vkCmdDispatch(cmd, *d.groups)
+            done = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+                                      dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT
+                                      | vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+            vk.vkCmdPipelineBarrier(cmd, compute, vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+                                    | compute, 0, 1, [done], 0, None, 0, None)
+            vk.vkEndCommandBuffer(cmd)
+            self.submit_info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])
+
+    def __call__(self) -> None:
+        if self.submit_info is not None:
+            self.device.submit_and_wait(self.submit_info)
+
+
+def _free_command_buffer(device: VulkanDevice, cmd: Any) -> None:
+    if not devmod.shutting_down():
+        device.free_command_buffer(cmd)
