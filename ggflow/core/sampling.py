@@ -103,7 +103,7 @@ class TokenDataArray:
         logits = self.logits
         peak = logits[0] if self.sorted else logits.max()
         p = np.exp(logits - peak)
-        p /= p.sum(dtype=np.float64).astype(np.float32)
+        p /= np.cumsum(p)[-1]  # a running float32 sum, as llama.cpp's softmax adds them up
         self.probs = p
         return p
 

@@ -56,7 +56,8 @@ class Mirostat(_Mirostat):
         t = np.log((i + 2) / (i + 1))
         with np.errstate(divide="ignore", invalid="ignore"):
             b = np.log(top_probs[:-1] / top_probs[1:])
-        return _F((t * b).sum(dtype=np.float32) / (t * t).sum(dtype=np.float32))
+        # running float32 sums, as llama.cpp accumulates them (numpy's pairwise sum can round differently)
+        return _F(np.cumsum(t * b)[-1] / np.cumsum(t * t)[-1])
 
     def top_k_for_mu(self, s_hat: np.float32, n_vocab: int) -> float:
         eps = _F(s_hat - 1)

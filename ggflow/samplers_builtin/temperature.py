@@ -42,7 +42,7 @@ class TempExt(SamplerBase):
         n = len(cur)
         probs = cur.softmax()
         with np.errstate(divide="ignore", invalid="ignore"):
-            entropy = -np.where(probs > 0, probs * np.log(probs), np.float32(0)).sum(dtype=np.float32)
+            entropy = -np.cumsum(np.where(probs > 0, probs * np.log(probs), np.float32(0)))[-1]
         normalized = entropy / np.float32(-np.log(np.float32(1.0) / np.float32(n)))
         low, high = max(0.0, self.t - self.delta), self.t + self.delta
         return float(np.float32(low) + np.float32(high - low) * np.power(normalized, np.float32(self.exponent)))

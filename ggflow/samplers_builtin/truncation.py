@@ -105,7 +105,7 @@ class Typical(SamplerBase):
         probs = cur.softmax()
         with np.errstate(divide="ignore", invalid="ignore"):
             surprise = -np.log(probs)
-            entropy = np.where(probs > 0, probs * surprise, np.float32(0)).sum(dtype=np.float32)
+            entropy = np.cumsum(np.where(probs > 0, probs * surprise, np.float32(0)))[-1]  # llama.cpp's running sum
             shifted = np.abs(surprise - entropy)  # a zero-probability candidate: inf, last
         cur.take(shortest_prefix(shifted, probs, self.p, self.min_keep, strict=True), sorted=False)
 
