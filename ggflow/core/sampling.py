@@ -83,7 +83,7 @@ class TokenDataArray:
             part = np.argpartition(self.logits, n - k)[n - k:]
         else:
             part = np.arange(n)
-        # stable on the negated logits: ties keep id order, so results do not depend on argpartition
+        part.sort()  # equal logits then stay in position order, whatever order argpartition left them in
         return part[np.argsort(-self.logits[part], kind="stable")]
 
     def sort_top(self, k: int) -> None:
@@ -92,11 +92,6 @@ class TokenDataArray:
             self.truncate(k)
         else:
             self.take(self.top_positions(k), sorted=True)
-
-    def sort(self) -> None:
-        """All candidates in descending logit order (a full sort: only where a sampler needs it)."""
-        if not self.sorted:
-            self.sort_top(len(self.ids))
 
     def softmax(self) -> np.ndarray:
         """Fill ``probs`` from the logits (max-shifted, as llama.cpp does) and return them."""
@@ -115,6 +110,8 @@ class TokenDataArray:
         """
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         n = len(self.ids)
+        if n == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         guess = np.where((tokens >= 0) & (tokens < n), tokens, 0)
         hit = (guess == tokens) & (self.ids[guess] == tokens)
         if hit.all():
@@ -215,7 +212,8 @@ def make_sampler(name: str, **params: Any) -> Sampler:
 
 
 class SamplerBase:
-    """Convenience base for samplers: no history (accept/reset do nothing); clone copies the instance.
+    """Convenience base for samplers: no history (accept/reset do nothing); clone copies the instance's
+    attributes (a shallow copy: a sampler with mutable state overrides clone).
 
     Set ``selects = True`` on a sampler that picks the token itself (as greedy and dist do), so
     ``build_chain`` ends the chain with it instead of adding ``dist``.

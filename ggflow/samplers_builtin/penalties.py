@@ -16,6 +16,8 @@ from ggflow.errors import GGFlowError
 class _History(SamplerBase):
     """The last ``last_n`` accepted tokens (-1: all of them; 0: none are kept)."""
 
+    enabled = True  # subclasses: False when their parameters make them no-ops (then nothing is recorded)
+
     def __init__(self, last_n: int):
         self.last_n = int(last_n)
         self._history: deque[int] = deque(maxlen=None if self.last_n < 0 else self.last_n)
@@ -35,8 +37,6 @@ class _History(SamplerBase):
     @property
     def history(self) -> list[int]:
         return list(self._history)
-
-    enabled = True
 
 
 class Penalties(_History):
@@ -163,7 +163,7 @@ class Breakers:
         seqs = list(dict.fromkeys(seqs))
         self.heads = np.array([h for h, _ in seqs], dtype=np.int64)
         self.tail_lens = np.array([len(t) for _, t in seqs], dtype=np.int64)
-        self.tail_starts = np.concatenate([[0], np.cumsum(self.tail_lens)[:-1]]).astype(np.int64)
+        self.tail_starts = np.cumsum(self.tail_lens) - self.tail_lens
         self.tails = np.array([tok for _, t in seqs for tok in t], dtype=np.int64)
         self.single = np.unique(self.heads[self.tail_lens == 0])
 
