@@ -386,7 +386,7 @@ def test_dry_string_breakers_become_the_token_sequences_that_spell_them():
     assert applied(plain, np.zeros(10)).logits[1] == -(2.0 ** (4 - 2))
     assert np.all(applied(broken, np.zeros(10)).logits == 0)  # the repeat may not reach back past "* z"
     with pytest.raises(GGFlowError, match="needs the vocabulary"):
-        make_sampler("dry", multiplier=1.0, sequence_breakers=["\\n"])
+        make_sampler("dry", multiplier=1.0, sequence_breakers=["\n"])
 
 
 def test_logit_bias_adds_to_the_chosen_tokens_wherever_they_are():
