@@ -54,14 +54,14 @@ def variants() -> dict[str, tuple[str, dict[str, str]]]:
         out[f"get_rows_{w}"] = ("get_rows.comp", _weight_defines(w))
         out[f"mul_mat_vec_{w}"] = ("mul_mat_vec.comp", _weight_defines(w))
         out[f"mul_mat_tiled_{w}"] = ("mul_mat_tiled.comp", _weight_defines(w))
-    for kind in ("f16", "q8_0", "q8_k"):
+    for kind in ("q8_0", "q8_k"):
         out[f"round_act_{kind}"] = ("round_act.comp", {f"ROUND_{kind.upper()}": "1"})
     return out
 
 
 def _weight_defines(w: str) -> dict[str, str]:
     if w in FLOATS:
-        return {"A_FLOAT": "1", "A_TYPE": FLOATS[w]}
+        return {"A_FLOAT": "1", "A_TYPE": FLOATS[w], **({"A_F16": "1"} if w == "f16" else {})}
     return {f"A_{w.upper()}": "1"}
 
 

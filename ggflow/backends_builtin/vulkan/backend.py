@@ -48,6 +48,7 @@ class VulkanBackend(Backend, metaclass=_DevicePriority):
             raise BackendError(f"the vulkan backend is not available: {exc}") from None
         self.pipelines = pipelines_for(self.device)
         self.kernels: dict[str, OpKernel] = all_kernels()
+        self._scratch: DeviceBuffer | None = None
 
     @classmethod
     def is_available(cls) -> Availability:
@@ -73,17 +74,23 @@ class VulkanBackend(Backend, metaclass=_DevicePriority):
         return kernel.supports(node, self.device.limits)
 
     def compile(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> VulkanPlan:
-        ctx = BuildContext(self.device, self.pipelines, substitutes or {})
-        works = []
-        for node in nodes:
-            if node.op in NOTHING_TO_RUN or node.nelements == 0:
-                continue
+        runnable = [n for n in nodes if n.op not in NOTHING_TO_RUN and n.nelements > 0]
+        for node in runnable:
             if not self.supports_op(node):
                 raise BackendError(f"the vulkan backend cannot run {node!r} (op {node.op!r}, "
                                    f"types {[s.type.name for s in node.src]} -> {node.type.name})")
-            works += self.kernels[node.op].build(node, ctx)
+        ctx = BuildContext(self.device, self.pipelines, substitutes or {}, scratch=self._scratch_for(runnable))
+        works = [w for node in runnable for w in self.kernels[node.op].build(node, ctx)]
         dispatches = [d for w in works for d in fit(w, self.device.limits)]
         return VulkanPlan(self.device, dispatches, keep_alive=[ctx.scratch] if ctx.scratch else [])
+
+    def _scratch_for(self, nodes: Sequence[Tensor]) -> DeviceBuffer | None:
+        """One scratch buffer for every plan of this backend: plans run one at a time, and a kernel's
+        scratch is written and read within the plan's own submission."""
+        need = max((k.scratch(n) for n in nodes if (k := self.kernels[n.op]).scratch), default=0)
+        if need and (self._scratch is None or self._scratch.size < need):
+            self._scratch = DeviceBuffer(self.device, need, self.name)
+        return self._scratch if need else None
 
     def compute(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> None:
         self.compile(nodes, substitutes)()

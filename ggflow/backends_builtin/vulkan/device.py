@@ -130,6 +130,10 @@ class VulkanDevice:
         p2 = vk.VkPhysicalDeviceProperties2(pNext=p11)
         vk.vkGetPhysicalDeviceProperties2(self.physical, p2)
         lim = p2.properties.limits
+        subgroup_ops = vk.VK_SUBGROUP_FEATURE_BASIC_BIT | vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT
+        if p11.subgroupSupportedOperations & subgroup_ops != subgroup_ops \
+                or not p11.subgroupSupportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT:
+            raise VulkanUnavailable(f"{self.info.name} lacks subgroup arithmetic in compute shaders")
         if lim.maxComputeWorkGroupInvocations < MIN_WORKGROUP_INVOCATIONS:
             raise VulkanUnavailable(f"{self.info.name} runs at most {lim.maxComputeWorkGroupInvocations} "
                                     f"threads per workgroup; the kernels need {MIN_WORKGROUP_INVOCATIONS}")

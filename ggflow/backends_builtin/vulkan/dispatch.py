@@ -138,7 +138,7 @@ class Work:
     box: Box                                     # the whole output
     groups: Callable[[Box], tuple[int, int, int]]
     push: Callable[[Box, list[int]], Sequence[int | float | np.floating]]  # (box, unit offsets) -> values
-    step: tuple[int, int, int, int] = (0, 1, 1, 1)   # per dim: split granularity, 0 = never split
+    step: tuple[int, int, int, int] = (0, 1, 1, 1)   # per dim: preferred split granularity, 0 = never
 
 
 def pack(values: Sequence[int | float | np.floating]) -> bytes:
@@ -174,12 +174,13 @@ def _excess(work: Work, box: Box, limits: Limits) -> float:
 
 
 def _halves(box: Box, dim: int, step: int) -> tuple[Box, Box] | None:
+    """Split at a multiple of step (a kernel's tile) from the box's start; finer only below one step."""
     lo, hi = box[dim]
-    if hi - lo <= step:
+    if hi - lo <= 1:
         return None
-    mid = lo + -(-((hi - lo) // 2) // step) * step
+    mid = lo + -(-((hi - lo) // 2) // step) * step if hi - lo > step else lo + (hi - lo) // 2
     if mid >= hi:
-        return None
+        mid = lo + (hi - lo) // 2
     first, second = list(box), list(box)
     first[dim], second[dim] = (lo, mid), (mid, hi)
     return tuple(first), tuple(second)  # type: ignore[return-value]

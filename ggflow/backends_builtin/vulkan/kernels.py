@@ -46,6 +46,7 @@ Build = Callable[[Tensor, BuildContext], list[Work]]
 class OpKernel:
     supports: Supports
     build: Build
+    scratch: Callable[[Tensor], int] | None = None   # bytes of scratch memory a node's kernels need
 
 
 FLOAT_TYPES = ("F32", "F16")

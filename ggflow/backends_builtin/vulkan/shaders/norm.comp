@@ -23,24 +23,24 @@ void main() {
 #if defined(RMS)
     const float mean = 0.0;
     float squares = 0.0;
-    for (uint i = t; i < p.ne0; i += REDUCE_THREADS) {
+    for (uint i = t; i < p.ne0; i += gl_WorkGroupSize.x) {
         const float x = a[a_row + i * p.a_nb0];
         squares += x * x;
     }
 #else
     float sum = 0.0;
-    for (uint i = t; i < p.ne0; i += REDUCE_THREADS) {
+    for (uint i = t; i < p.ne0; i += gl_WorkGroupSize.x) {
         sum += a[a_row + i * p.a_nb0];
     }
     const float mean = workgroup_sum(sum) / float(p.ne0);
     float squares = 0.0;
-    for (uint i = t; i < p.ne0; i += REDUCE_THREADS) {
+    for (uint i = t; i < p.ne0; i += gl_WorkGroupSize.x) {
         const float x = a[a_row + i * p.a_nb0] - mean;
         squares += x * x;
     }
 #endif
     const float scale = 1.0 / sqrt(workgroup_sum(squares) / float(p.ne0) + p.eps);
-    for (uint i = t; i < p.ne0; i += REDUCE_THREADS) {
+    for (uint i = t; i < p.ne0; i += gl_WorkGroupSize.x) {
         d[d_row + i * p.d_nb0] = (a[a_row + i * p.a_nb0] - mean) * scale;
     }
 }

@@ -1,30 +1,27 @@
-// Workgroup-wide sum and max through shared memory (portable: no assumption on the subgroup size).
+// Workgroup-wide sum and max: within a subgroup by subgroup operations, then across subgroups through
+// shared memory in a fixed order (deterministic, and correct for any subgroup size the device picks).
 // Every invocation of the workgroup must call these, in uniform control flow.
-const uint REDUCE_THREADS = 128;
-shared float reduce_buf[REDUCE_THREADS];
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+
+shared float reduce_buf[64];
 
 float workgroup_sum(float v) {
-    const uint t = gl_LocalInvocationID.x;
-    reduce_buf[t] = v;
+    v = subgroupAdd(v);
+    if (subgroupElect()) reduce_buf[gl_SubgroupID] = v;
     barrier();
-    for (uint s = REDUCE_THREADS / 2; s > 0; s >>= 1) {
-        if (t < s) reduce_buf[t] += reduce_buf[t + s];
-        barrier();
-    }
-    const float total = reduce_buf[0];
+    float total = 0.0;
+    for (uint i = 0; i < gl_NumSubgroups; ++i) total += reduce_buf[i];
     barrier();
     return total;
 }
 
 float workgroup_max(float v) {
-    const uint t = gl_LocalInvocationID.x;
-    reduce_buf[t] = v;
+    v = subgroupMax(v);
+    if (subgroupElect()) reduce_buf[gl_SubgroupID] = v;
     barrier();
-    for (uint s = REDUCE_THREADS / 2; s > 0; s >>= 1) {
-        if (t < s) reduce_buf[t] = max(reduce_buf[t], reduce_buf[t + s]);
-        barrier();
-    }
-    const float m = reduce_buf[0];
+    float m = reduce_buf[0];
+    for (uint i = 1; i < gl_NumSubgroups; ++i) m = max(m, reduce_buf[i]);
     barrier();
     return m;
 }

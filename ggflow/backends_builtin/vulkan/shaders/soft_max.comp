@@ -26,7 +26,7 @@ void main() {
     const uint t = gl_LocalInvocationID.x;
 
     float row_max = -1.0 / 0.0;
-    for (uint i = t; i < p.ne0; i += REDUCE_THREADS) {
+    for (uint i = t; i < p.ne0; i += gl_WorkGroupSize.x) {
         float w = a[a_row + i * p.a_nb0] * p.scale;
         if (p.has_mask != 0) w += float(m[m_row + i * p.m_nb0]);
         d[d_row + i * p.d_nb0] = w;
@@ -34,13 +34,13 @@ void main() {
     }
     row_max = workgroup_max(row_max);
     float sum = 0.0;
-    for (uint i = t; i < p.ne0; i += REDUCE_THREADS) {  // each thread rereads only what it wrote
+    for (uint i = t; i < p.ne0; i += gl_WorkGroupSize.x) {  // each thread rereads only what it wrote
         const float e = exp(d[d_row + i * p.d_nb0] - row_max);
         d[d_row + i * p.d_nb0] = e;
         sum += e;
     }
     const float inverse = 1.0 / workgroup_sum(sum);
-    for (uint i = t; i < p.ne0; i += REDUCE_THREADS) {
+    for (uint i = t; i < p.ne0; i += gl_WorkGroupSize.x) {
         d[d_row + i * p.d_nb0] *= inverse;
     }
 }

@@ -1,0 +1,102 @@
+"""mul_mat: F32, F16 and quantized weights (Q4_0..Q8_0, Q2_K..Q6_K) read from their GGUF blocks.
+
+ggml_mul_mat(a [k, m, A2, A3], b [k, n, B2, B3]) -> d [m, n, B2, B3]; b's matrix (i2, i3) meets a's
+matrix (i2 / (B2/A2), i3 / (B3/A3)), which is how attention's query heads share K/V heads (GQA). a may
+be any strided float view (the KV cache, permuted), or a quantized weight with whole blocks per row.
+
+Numerics follow ggml (and the CPU backend): the activations b are first rounded to a's vec_dot_type,
+F16 for F16 weights (done as the kernels read b) and Q8_0/Q8_1/Q8_K for quantized weights (a round_act
+pass into a scratch buffer, skipped when the previous mul_mat of the split already rounded the same b
+the same way: Q, K and V share their input). The dot products then run in F32.
+
+Few columns of b (decode) take the matrix-vector kernel, one workgroup per output; more take the tiled
+kernel (64 x 64 tiles). Both address a box of d, so dispatch.fit can split a product whose weight is
+larger than one binding allows (the LM head of a large vocabulary) into slices of rows.
+"""
+from __future__ import annotations
+
+from ggflow.backends_builtin.vulkan.dispatch import (
+    Box, Operand, Work, box_origin, extent, row_groups, same)
+from ggflow.backends_builtin.vulkan.kernels import WEIGHT_TYPES, BuildContext, OpKernel, addressable
+from ggflow.core.tensor import Tensor, contiguous_strides
+from ggflow.core.types import type_traits
+
+VEC_MAX_COLUMNS = 4          # up to this many columns of b, the matrix-vector kernel
+TILE = 64
+ROUNDING = {"Q8_0": "q8_0", "Q8_1": "q8_0", "Q8_K": "q8_k"}   # Q8_1 rounds values exactly as Q8_0 does
+ROUNDING_BLOCK = {"q8_0": 32, "q8_k": 256}
+
+
+def rounding_of(a: Tensor) -> str | None:
+    """The round_act variant a's vec_dot_type needs (None: b is read as is, or rounded inline to F16)."""
+    kind = ROUNDING.get(a.type.vec_dot_type) if a.type.is_quantized else None
+    if kind is None or a.ne[0] % ROUNDING_BLOCK[kind]:
+        return None   # ggml rounds only whole blocks; the CPU backend leaves other rows as they are
+    return kind
+
+
+def supports_mul_mat(node: Tensor, limits) -> bool:
+    a, b = node.src
+    if a.type.name not in WEIGHT_TYPES or b.type.name != "F32" or not (addressable(a) and addressable(b)):
+        return False
+    if a.type.is_quantized and (a.nb[0] != a.type.type_size or a.ne[0] % 16):
+        return False   # the kernels read whole blocks along a row, 16 values at a time
+    return a.nb[1] * 2 <= limits.max_storage_range
+
+
+def scratch_bytes(node: Tensor) -> int:
+    a, b = node.src
+    return b.nelements * 4 if rounding_of(a) else 0
+
+
+def build_mul_mat(node: Tensor, ctx: BuildContext) -> list[Work]:
+    a_t, b_t = node.src
+    a, b, d = ctx.operand(a_t), ctx.operand(b_t), ctx.operand(node)
+    works: list[Work] = []
+    kind = rounding_of(a_t)
+    if kind is not None:
+        rounded = Operand(ctx.scratch, 0, type_traits("F32"), b.ne,  # type: ignore[arg-type]
+                          contiguous_strides(type_traits("F32"), b.ne))
+        if ctx.state.get("rounded") != (b_t.id, kind):
+            works.append(round_work(kind, b, rounded, ctx))
+            ctx.state["rounded"] = (b_t.id, kind)
+        b = rounded
+    works.append(matmul_work(a_t, a, b, d, ctx))
+    return works
+
+
+def round_work(kind: str, src: Operand, dst: Operand, ctx: BuildContext) -> Work:
+    def push(box: Box, offs: list[int]) -> list[int]:
+        return [src.ne[0], *box_origin(box), offs[0], *src.strides(), offs[1], *dst.strides()]
+    x = -(-src.ne[0] // 256)
+    return Work(ctx.pipeline(f"round_act_{kind}"), [src, dst], [same, same], src.full(), row_groups(x), push)
+
+
+def matmul_work(a_t: Tensor, a: Operand, b: Operand, d: Operand, ctx: BuildContext) -> Work:
+    k = a.ne[0]
+    r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
+    vec = d.ne[1] <= VEC_MAX_COLUMNS
+
+    def a_map(box: Box) -> Box:
+        return ((0, k), box[0], (box[2][0] // r2, (box[2][1] - 1) // r2 + 1),
+                (box[3][0] // r3, (box[3][1] - 1) // r3 + 1))
+
+    def b_map(box: Box) -> Box:
+        return ((0, k), box[1], box[2], box[3])
+
+    def groups(box: Box) -> tuple[int, int, int]:
+        batches = extent(box[2]) * extent(box[3])
+        if vec:
+            return extent(box[0]), extent(box[1]), batches
+        return -(-extent(box[0]) // TILE), -(-extent(box[1]) // TILE), batches
+
+    def push(box: Box, offs: list[int]) -> list[int]:
+        return [k, box[0][0], box[0][1], box[1][0], box[1][1], box[2][0], box[3][0], extent(box[2]), r2, r3,
+                offs[0], *a.strides(), offs[1], *b.strides(), offs[2], *d.strides()]
+    kernel = "mul_mat_vec" if vec else "mul_mat_tiled"
+    step = (1, 1, 1, 1) if vec else (TILE, TILE, 1, 1)
+    return Work(ctx.pipeline(f"{kernel}_{a_t.type.name.lower()}"), [a, b, d], [a_map, b_map, same], d.full(),
+                groups, push, step)
+
+
+KERNELS = {"mul_mat": OpKernel(supports_mul_mat, build_mul_mat, scratch_bytes)}

@@ -1,0 +1,25 @@
+// mul_mat's push constants and addressing, shared by the matrix-vector and the tiled kernels.
+// d[i3, i2, j, i] = dot(a row i of matrix (i2 / r2, i3 / r3), b row j of matrix (i2, i3)): a's
+// matrices broadcast over b's (GQA). The box [o0, hi0) x [o1, hi1) x dims 2, 3 is this dispatch's
+// part of d. b is F32; for F16 weights it is rounded to F16 as it is read, as ggml's F16 vec_dot does
+// (quantized weights read b already rounded to their vec_dot_type by round_act).
+layout(binding = 1) readonly buffer B { float b[]; };
+layout(binding = 2) writeonly buffer D { float d[]; };
+
+layout(push_constant) uniform Push {
+    uint K, o0, hi0, o1, hi1, o2, o3, box2, r2, r3;
+    uint a_off, a_nb0, a_nb1, a_nb2, a_nb3;
+    uint b_off, b_nb0, b_nb1, b_nb2, b_nb3;
+    uint d_off, d_nb0, d_nb1, d_nb2, d_nb3;
+} p;
+
+float load_b(uint i) {
+#if defined(A_F16)
+    return round_f16(b[i]);
+#else
+    return b[i];
+#endif
+}
+
+uint batch2() { return p.o2 + gl_WorkGroupID.z % p.box2; }
+uint batch3() { return p.o3 + gl_WorkGroupID.z / p.box2; }

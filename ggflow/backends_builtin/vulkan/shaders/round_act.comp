@@ -1,0 +1,102 @@
+#version 450
+// Activations rounded as ggml rounds them for a dot with a quantized weight: quantized to the weight's
+// vec_dot_type and dequantized again, into a contiguous F32 scratch the matmul then reads.
+//   Q8_0 (and Q8_1, same values): per 32: d = amax / 127, q = roundf(x / d), x' = f16(d) * q
+//   Q8_K: per 256: the value of largest |x| (first on ties) sets iscale = -127 / max,
+//         q = min(127, nearest(iscale * x)), x' = (1 / iscale) * q
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+layout(binding = 0) readonly buffer A { float a[]; };
+layout(binding = 1) writeonly buffer D { float d[]; };
+
+layout(push_constant) uniform Push {
+    uint K, o1, o2, o3, box2;
+    uint a_off, a_nb0, a_nb1, a_nb2, a_nb3;
+    uint d_off, d_nb0, d_nb1, d_nb2, d_nb3;
+} p;
+
+#if defined(ROUND_Q8_0)
+const uint BLOCK = 32;
+#else
+const uint BLOCK = 256;
+#endif
+shared float amax_s[256];
+shared uint where_s[256];
+
+// a / b correctly rounded, as C's float division is. A driver may compute a / b as a * (1 / b), an ulp
+// off, and may not fuse an fma, so: take the driver's quotient and its two neighbours and keep the one
+// whose remainder a - q * b is smallest, the product q * b being computed exactly with Dekker's
+// splitting ("precise" forbids the compiler to reassociate or contract any of it).
+float remainder_of(float a, float b, float q) {
+    precise float p = q * b;
+    precise float cq = 4097.0 * q;
+    precise float qh = cq - (cq - q);
+    precise float ql = q - qh;
+    precise float cb = 4097.0 * b;
+    precise float bh = cb - (cb - b);
+    precise float bl = b - bh;
+    precise float e = ((qh * bh - p) + qh * bl + ql * bh) + ql * bl;   // q * b = p + e exactly
+    precise float r = (a - p) - e;
+    return abs(r);
+}
+
+float div_rn(float a, float b) {
+    precise float q = a / b;
+    const uint bits = floatBitsToUint(q);
+    float best = q, best_r = remainder_of(a, b, q);
+    for (int step = -1; step <= 1; step += 2) {
+        const float c = uintBitsToFloat(bits + uint(step));
+        const float r = remainder_of(a, b, c);
+        if (r < best_r) {
+            best = c;
+            best_r = r;
+        }
+    }
+    return best;
+}
+
+float round_half_away(float v) {
+    const float t = trunc(v);
+    return abs(v - t) >= 0.5 ? t + sign(v) : t;
+}
+
+void main() {
+    const uvec3 r = row_of(p.o1, p.o2, p.o3, p.box2);
+    const uint t = gl_LocalInvocationID.x, i0 = gl_WorkGroupID.x * 256 + t;
+    const float x = i0 < p.K ? a[p.a_off + i0 * p.a_nb0 + r.x * p.a_nb1 + r.y * p.a_nb2 + r.z * p.a_nb3] : 0.0;
+    // largest |x| of the block, and where it is (the first, as ggml's scan keeps the first)
+    amax_s[t] = abs(x);
+    where_s[t] = t;
+    barrier();
+    for (uint s = BLOCK / 2; s > 0; s >>= 1) {
+        if (t % BLOCK < s) {
+            const float other = amax_s[t + s];
+            if (other > amax_s[t]) {
+                amax_s[t] = other;
+                where_s[t] = where_s[t + s];
+            }
+        }
+        barrier();
+    }
+    const uint first = t - t % BLOCK;
+    const float amax = amax_s[first];
+    float value;
+#if defined(ROUND_Q8_0)
+    const float dq = div_rn(amax, 127.0);
+    const float id = dq != 0.0 ? div_rn(1.0, dq) : 0.0;
+    value = round_f16(dq) * round_half_away(x * id);
+#else
+    if (amax == 0.0) {
+        value = 0.0;
+    } else {
+        const uint w = gl_WorkGroupID.x * 256 + where_s[first];
+        const float vmax = a[p.a_off + w * p.a_nb0 + r.x * p.a_nb1 + r.y * p.a_nb2 + r.z * p.a_nb3];
+        const float iscale = div_rn(-127.0, vmax);
+        value = div_rn(1.0, iscale) * min(127.0, roundEven(iscale * x));
+    }
+#endif
+    if (i0 < p.K) {
+        d[p.d_off + i0 * p.d_nb0 + r.x * p.d_nb1 + r.y * p.d_nb2 + r.z * p.d_nb3] = value;
+    }
+}
