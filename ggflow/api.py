@@ -11,6 +11,7 @@ keeps the last prompt + completion: a call whose prompt shares a prefix with it 
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -186,8 +187,8 @@ class LLM:
         elif options:
             raise GGFlowError("pass sampling options either as a SamplingParams or as keywords, not both")
         if sampling.seed is None and self.seed is not None:
-            sampling.seed = self.seed
-        chain = build_chain(sampling, vocab_size=self.vocab.n_vocab)
+            sampling = dataclasses.replace(sampling, seed=self.seed)  # the caller's record stays as it was
+        chain = build_chain(sampling, vocab_size=self.vocab.n_vocab, vocab=self.vocab)
         if logits_processor is not None:
             chain.samplers.insert(0, LogitsProcessorSampler(logits_processor))
         return chain
