@@ -100,6 +100,15 @@ class Backend(ABC):
     def prepare_weight(self, tensor: Tensor) -> None:
         """Optional hook, called once per weight placed on this backend (e.g. to repack its blocks)."""
 
+    def adopt_weights(self, weights: Mapping[str, Tensor]) -> None:
+        """Optional hook: take over model weights (which load as views of the host memory map).
+
+        Context offers a model's weights to its first backend once. A device backend uploads the ones
+        its kernels read and re-points them (``tensor.buffer``/``offset``) to its own memory, so nodes
+        that read them are placed on it and no copy crosses per step. The weights stay there: a Context
+        that doesn't schedule this backend needs its own ``Model.load``. Host backends do nothing.
+        """
+
     @abstractmethod
     def compute(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> None:
         """Run nodes in order. ``substitutes`` maps a source tensor that lives on another backend to

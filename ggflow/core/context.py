@@ -70,6 +70,7 @@ class Context:
         self.n_ctx = int(n_ctx or min(model.hparams.n_ctx_train, 4096))
         self.n_ubatch = max(1, min(n_ubatch, self.n_ctx))
         self.backends = make_backends(backends, n_threads)
+        self.backends[0].adopt_weights(model.weights)   # a device backend uploads them once, here
         self.scheduler = Scheduler(self.backends)
         self.kv = KVCache(model.hparams, self.n_ctx, self.backends[0], type_k, type_v)
         self._built: _BuiltGraph | None = None

@@ -64,6 +64,11 @@ class VulkanBackend(Backend, metaclass=_DevicePriority):
     def alloc_buffer(self, size: int) -> DeviceBuffer:
         return DeviceBuffer(self.device, size, self.name)
 
+    def adopt_weights(self, weights: Mapping[str, Tensor]) -> None:
+        """Upload the weights the kernels read to device memory, once (see weights.py)."""
+        from ggflow.backends_builtin.vulkan.weights import upload_weights
+        upload_weights(weights, self.device, self.name)
+
     # -- ops -------------------------------------------------------------------------------------------
     def supports_op(self, node: Tensor) -> bool:
         if node.op in NOTHING_TO_RUN or node.nelements == 0:

@@ -1,0 +1,110 @@
+"""Tiny models of every architecture on Vulkan against the CPU backend: greedy tokens and logits,
+K-shift, and a run with some ops forced onto the CPU.
+
+How close is close: a single op agrees with the CPU to about 1e-6 (test_vulkan_ops, test_vulkan_matmul),
+but a model rounds its activations again and again (F16 for F16 weights, the F16 KV cache and gelu's
+table; Q8_0/Q8_K for quantized weights), and a last-bit difference that lands on a rounding boundary
+comes out one rounding step apart, then spreads. Measured through these two-layer models, relative to
+the largest logit: 2e-6 where nothing flips (llama F32, qwen2 Q8_0, qwen3 Q4_K), 4e-4 for F16 flips
+(qwen2 F16, gpt2 F32), 6e-3 for Q8 flips (llama Q4_0, gpt2 Q8_0). The tolerances below are about three
+times those. The greedy tokens must be the same: at every step here the CPU's top two logits are
+further apart than the two backends' logits differ, so the same choice is forced.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggflow.backends_builtin.vulkan import VulkanBackend
+from ggflow.core.batch import Batch
+from ggflow.core.context import DECODE_OK, Context
+from ggflow.core.model import Model
+from tests.vulkan_harness import requires_vulkan
+
+pytestmark = requires_vulkan
+
+PROMPT = [5, 17, 42, 100, 7, 3, 20, 12, 9]
+N_STEPS = 6
+TOLERANCE = {"F32": 1e-3, "F16": 1e-3, "Q8_0": 2e-2, "Q4_0": 2e-2, "Q4_K": 2e-2}
+
+
+def greedy_run(path, backends, **ctx_kw) -> tuple[np.ndarray, list[np.ndarray], list[int], Context]:
+    """Prompt logits, the last logits before each greedy step, the greedy tokens, and the context."""
+    ctx = Context(Model.load(path), n_ctx=64, backends=backends, **ctx_kw)
+    assert ctx.decode(Batch.from_tokens(PROMPT, all_logits=True)) == DECODE_OK
+    prompt_logits = ctx.get_logits().copy()
+    steps, tokens, pos = [], [], len(PROMPT)
+    for _ in range(N_STEPS):
+        steps.append(ctx.get_logits_ith(-1).copy())
+        tokens.append(int(np.argmax(steps[-1])))
+        assert ctx.decode(Batch.from_tokens([tokens[-1]], pos0=pos)) == DECODE_OK
+        pos += 1
+    return prompt_logits, steps, tokens, ctx
+
+
+def compare_runs(path, weight_type: str, **ctx_kw) -> Context:
+    cpu_prompt, cpu_steps, cpu_tokens, _ = greedy_run(path, "cpu", **ctx_kw)
+    vk_prompt, vk_steps, vk_tokens, ctx = greedy_run(path, ["vulkan"], **ctx_kw)
+    assert vk_tokens == cpu_tokens
+    atol = TOLERANCE[weight_type] * float(np.abs(cpu_prompt).max())
+    np.testing.assert_allclose(vk_prompt, cpu_prompt, rtol=0, atol=atol)
+    for vk, cpu in zip(vk_steps, cpu_steps):
+        np.testing.assert_allclose(vk, cpu, rtol=0, atol=atol)
+    return ctx
+
+
+def ops_by_backend(ctx: Context) -> dict[str, list[str]]:
+    where: dict[str, list[str]] = {}
+    for split in ctx.scheduler.splits:
+        where.setdefault(split.backend.name, []).extend(n.op for n in split.nodes)
+    return where
+
+
+@pytest.mark.parametrize("arch, weight_type", [
+    ("llama", "F32"), ("llama", "Q4_0"), ("qwen2", "F16"), ("qwen2", "Q8_0"), ("qwen3", "Q4_K"),
+    ("gpt2", "F32"), ("gpt2", "Q8_0"),
+])
+def test_tiny_model_matches_the_cpu(tiny_model_path, arch, weight_type):
+    ctx = compare_runs(tiny_model_path(arch, weight_type), weight_type)
+    where = ops_by_backend(ctx)
+    assert where.get("cpu", []) == [], f"ops fell back to the cpu: {sorted(set(where['cpu']))}"
+    assert all(w.buffer.backend_name == "vulkan" for w in ctx.model.weights.values())
+
+
+def test_the_graph_is_compiled_once_and_replayed(tiny_model_path):
+    ctx = Context(Model.load(tiny_model_path("llama", "F32")), n_ctx=64, backends=["vulkan"])
+    ctx.decode(Batch.from_tokens(PROMPT))
+    plans = [s.plan for s in ctx.scheduler.splits]
+    for pos in range(len(PROMPT), len(PROMPT) + 3):
+        ctx.decode(Batch.from_tokens([1], pos0=pos))
+        if pos > len(PROMPT):   # the first single-token step builds the decode graph, the rest reuse it
+            assert [s.plan for s in ctx.scheduler.splits] == plans
+        plans = [s.plan for s in ctx.scheduler.splits]
+    assert ctx.n_graph_reuses >= 1
+
+
+def test_a_run_with_some_ops_forced_to_the_cpu_gives_the_same_results(tiny_model_path, monkeypatch):
+    """soft_max, rms_norm and silu run on the CPU: the scheduler copies across at every switch."""
+    forced = {"soft_max", "rms_norm", "silu"}
+    original = VulkanBackend.supports_op
+    monkeypatch.setattr(VulkanBackend, "supports_op", lambda self, node: node.op not in forced
+                        and original(self, node))
+    ctx = compare_runs(tiny_model_path("llama", "Q4_0"), "Q4_0")
+    where = ops_by_backend(ctx)
+    assert set(where["cpu"]) == forced
+    assert "mul_mat" in where["vulkan"] and len([s for s in ctx.scheduler.splits]) > 4
+
+
+def test_shifted_positions_rerotate_the_cached_keys_on_vulkan(tiny_model_path):
+    """seq_add moves cached positions; the K-shift graph (rope of an F16 cache view) runs on Vulkan."""
+    path = tiny_model_path("qwen2", "F32")
+    results = []
+    for backends in ("cpu", ["vulkan"]):
+        ctx = Context(Model.load(path), n_ctx=64, backends=backends)
+        ctx.decode(Batch.from_tokens(PROMPT))
+        ctx.kv.seq_rm(0, 2, 4)
+        ctx.kv.seq_add(0, 4, -1, -2)
+        ctx.decode(Batch.from_tokens([11, 13], pos0=len(PROMPT) - 2, all_logits=True))
+        results.append(ctx.get_logits().copy())
+    cpu, vk = results
+    np.testing.assert_allclose(vk, cpu, rtol=0, atol=TOLERANCE["F16"] * np.abs(cpu).max())
