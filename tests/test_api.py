@@ -161,3 +161,22 @@ def test_cli_run_with_text_and_a_bad_prompt_id(capsys):
     assert "tokens/s" in capsys.readouterr().err
     assert main(["run", "--prompt-ids", "1,x", "-n", "2"]) == 2
     assert "comma-separated integers" in capsys.readouterr().err
+
+
+@needs_model
+def test_cli_chat_reads_turns_from_stdin(monkeypatch, capsys):
+    import io
+    from ggflow.cli import main
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is the capital of France?\n/reset\nAnd of Italy?\n"))
+    assert main(["chat", "--temp", "0", "-n", "16", "-c", "256", "-s", "You are a helpful assistant."]) == 0
+    replies = capsys.readouterr().out.strip().splitlines()
+    assert len(replies) == 2 and "Paris" in replies[0]
+
+
+@needs_model
+def test_cli_info_describes_the_model(capsys):
+    from ggflow.cli import main
+    assert main(["info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["architecture"] == "llama" and info["hparams"]["n_layer"] == 30
+    assert info["tensor_types"]["Q4_1"] > 0 and info["has_chat_template"]

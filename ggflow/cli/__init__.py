@@ -17,6 +17,8 @@ from ggflow.errors import GGFlowError
 
 COMMANDS = (
     "ggflow.cli.run_cmd",
+    "ggflow.cli.chat_cmd",
+    "ggflow.cli.info_cmd",
     "ggflow.cli.bench_cmd",
     "ggflow.cli.plugins_cmd",
 )
