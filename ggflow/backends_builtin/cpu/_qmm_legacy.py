@@ -18,21 +18,25 @@ then needs no byte-to-word widening (a shuffle-port instruction), only shifts an
 The j loops stay short (8 or 16 steps) so LLVM unrolls them completely and vectorizes the row loop
 around them; with a longer body the j loop stays rolled and nothing is vectorized.
 
-Matvec kernels (``matvec_*``) decode and multiply in one pass per token: for one token that is all
-there is to do. Batched kernels (``matmul_*``) decode a block of a row tile once into int16 and
-reuse it for every token.
+Each type has one parallel driver, ``mul_mat_<type>``, whose prange body is a single call: a tile
+function compiled on its own (numba's parfor passes and IR inlining over big bodies are what cost
+compile time). Few tokens take the matvec tile function, which decodes and multiplies in one pass
+per token; more take the batched one, which decodes a block of the tile once into int16 and reuses
+it for every token.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8
 from ggflow.backends_builtin.cpu._qmm_layout import TILE, f16_field, tile_rows
 
 F32 = np.float32
 I16 = np.int16
 I32 = np.int32
 R = TILE
+MATVEC_MAX_TOKENS = 2   # up to this many tokens the one-pass matvec beats decoding into a buffer
 
 
 # ---------------------------------------------------------------------------------------------- packing
@@ -78,17 +82,6 @@ def pack_q8_0(w: np.ndarray, rows: int, k: int) -> tuple:
 # in its high ones (ggml puts element j in the low nibble of byte j and j+16 in its high nibble).
 
 @njit(cache=True, inline="always")
-def _nib(v, shift):
-    return I16((v >> I16(shift)) & I16(15))
-
-
-@njit(cache=True, inline="always")
-def _bit4(h, e):
-    """Bit e of h moved to bit 4 (the fifth bit of a Q5 quant)."""
-    return I16((h >> I16(e)) & I16(1)) << I16(4)
-
-
-@njit(cache=True, inline="always")
 def _sum_u4_block(qs, t, b, xq, i, o, part):
     """part[0|1, :] = sums over elements 0..15 | 16..31 of the nibble times the activation."""
     for r in range(R):
@@ -96,8 +89,8 @@ def _sum_u4_block(qs, t, b, xq, i, o, part):
         hi = I16(0)
         for m in range(8):
             v = I16(qs[t, b, m, r])
-            lo = I16(lo + _nib(v, 0) * xq[i, o + 2 * m] + _nib(v, 8) * xq[i, o + 2 * m + 1])
-            hi = I16(hi + _nib(v, 4) * xq[i, o + 16 + 2 * m] + _nib(v, 12) * xq[i, o + 17 + 2 * m])
+            lo = I16(lo + field(v, 0, 15) * xq[i, o + 2 * m] + field(v, 8, 15) * xq[i, o + 2 * m + 1])
+            hi = I16(hi + field(v, 4, 15) * xq[i, o + 16 + 2 * m] + field(v, 12, 15) * xq[i, o + 17 + 2 * m])
         part[0, r] = lo
         part[1, r] = hi
 
@@ -114,10 +107,10 @@ def _sum_u5_half(qs, qh, t, b, xq, i, o, m0, part, p0):
         for mm in range(4):
             m = m0 + mm
             v = I16(qs[t, b, m, r])
-            lo = I16(lo + I16(_nib(v, 0) | _bit4(hl, 2 * m)) * xq[i, o + 2 * m]
-                     + I16(_nib(v, 8) | _bit4(hl, 2 * m + 1)) * xq[i, o + 2 * m + 1])
-            hi = I16(hi + I16(_nib(v, 4) | _bit4(hh, 2 * m)) * xq[i, o + 16 + 2 * m]
-                     + I16(_nib(v, 12) | _bit4(hh, 2 * m + 1)) * xq[i, o + 17 + 2 * m])
+            lo = I16(lo + I16(field(v, 0, 15) | bit_to(hl, 2 * m, 4)) * xq[i, o + 2 * m]
+                     + I16(field(v, 8, 15) | bit_to(hl, 2 * m + 1, 4)) * xq[i, o + 2 * m + 1])
+            hi = I16(hi + I16(field(v, 4, 15) | bit_to(hh, 2 * m, 4)) * xq[i, o + 16 + 2 * m]
+                     + I16(field(v, 12, 15) | bit_to(hh, 2 * m + 1, 4)) * xq[i, o + 17 + 2 * m])
         part[p0, r] = lo
         part[p0 + 1, r] = hi
 
@@ -125,21 +118,27 @@ def _sum_u5_half(qs, qh, t, b, xq, i, o, m0, part, p0):
 @njit(cache=True, inline="always")
 def _sum_i8_block(qs, t, b, xq, i, o, part):
     """part[m, :] = w[2m] * x[2m] + w[2m+1] * x[2m+1]: int8 times int8 only fits int16 in pairs."""
-    for r in range(R):
-        for m in range(16):
+    for m in range(16):       # m outside: one store stream per vectorized loop, no alias-check blowup
+        for r in range(R):
             v = I16(qs[t, b, m, r])
-            lo = I16(v << I16(8)) >> I16(8)
-            hi = v >> I16(8)
-            part[m, r] = I16(lo * xq[i, o + 2 * m] + hi * xq[i, o + 2 * m + 1])
+            part[m, r] = I16(sext8(v, 0) * xq[i, o + 2 * m] + sext8(v, 1) * xq[i, o + 2 * m + 1])
 
 
 @njit(cache=True, inline="always")
 def _widen_sum(part, ngroups, isum):
-    for r in range(R):
-        s = I32(0)
-        for g in range(ngroups):
-            s += I32(part[g, r])
-        isum[r] = s
+    # a literal group count at each call site: the g loop unrolls inside the vectorized row loop
+    if ngroups == 2:
+        for r in range(R):
+            isum[r] = I32(part[0, r]) + I32(part[1, r])
+    elif ngroups == 4:
+        for r in range(R):
+            isum[r] = I32(part[0, r]) + I32(part[1, r]) + I32(part[2, r]) + I32(part[3, r])
+    else:
+        for r in range(R):
+            s = I32(0)
+            for g in range(16):
+                s += I32(part[g, r])
+            isum[r] = s
 
 
 # ------------------------------------------------------------------------------- scale application
@@ -164,93 +163,8 @@ def _store_tile(acc, out, i, t):
         out[i, base + r] = acc[r]
 
 
-# ------------------------------------------------------------------------------------ matvec kernels
-# One pass per token: out (n, rows) with n small (usually 1).
-
-@njit(cache=True, fastmath=False, parallel=True)
-def matvec_q4_0(qs, d, xq, dx, xsum, out):
-    nt, nb = qs.shape[0], qs.shape[1]
-    for t in prange(nt):
-        part = np.empty((2, R), I16)
-        isum = np.empty(R, I32)
-        acc = np.empty(R, F32)
-        for i in range(out.shape[0]):
-            acc[:] = 0
-            for b in range(nb):
-                _sum_u4_block(qs, t, b, xq, i, b * 32, part)
-                _widen_sum(part, 2, isum)
-                _acc_offset(acc, isum, 8 * xsum[i, b], d[t, b], dx[i, b])
-            _store_tile(acc, out, i, t)
-
-
-@njit(cache=True, fastmath=False, parallel=True)
-def matvec_q4_1(qs, d, m, xq, dx, xs, out):
-    nt, nb = qs.shape[0], qs.shape[1]
-    for t in prange(nt):
-        part = np.empty((2, R), I16)
-        isum = np.empty(R, I32)
-        acc = np.empty(R, F32)
-        for i in range(out.shape[0]):
-            acc[:] = 0
-            for b in range(nb):
-                _sum_u4_block(qs, t, b, xq, i, b * 32, part)
-                _widen_sum(part, 2, isum)
-                _acc_min(acc, isum, d[t, b], m[t, b], dx[i, b], xs[i, b])
-            _store_tile(acc, out, i, t)
-
-
-@njit(cache=True, fastmath=False, parallel=True)
-def matvec_q5_0(qs, qh, d, xq, dx, xsum, out):
-    nt, nb = qs.shape[0], qs.shape[1]
-    for t in prange(nt):
-        part = np.empty((4, R), I16)
-        isum = np.empty(R, I32)
-        acc = np.empty(R, F32)
-        for i in range(out.shape[0]):
-            acc[:] = 0
-            for b in range(nb):
-                _sum_u5_half(qs, qh, t, b, xq, i, b * 32, 0, part, 0)
-                _sum_u5_half(qs, qh, t, b, xq, i, b * 32, 4, part, 2)
-                _widen_sum(part, 4, isum)
-                _acc_offset(acc, isum, 16 * xsum[i, b], d[t, b], dx[i, b])
-            _store_tile(acc, out, i, t)
-
-
-@njit(cache=True, fastmath=False, parallel=True)
-def matvec_q5_1(qs, qh, d, m, xq, dx, xs, out):
-    nt, nb = qs.shape[0], qs.shape[1]
-    for t in prange(nt):
-        part = np.empty((4, R), I16)
-        isum = np.empty(R, I32)
-        acc = np.empty(R, F32)
-        for i in range(out.shape[0]):
-            acc[:] = 0
-            for b in range(nb):
-                _sum_u5_half(qs, qh, t, b, xq, i, b * 32, 0, part, 0)
-                _sum_u5_half(qs, qh, t, b, xq, i, b * 32, 4, part, 2)
-                _widen_sum(part, 4, isum)
-                _acc_min(acc, isum, d[t, b], m[t, b], dx[i, b], xs[i, b])
-            _store_tile(acc, out, i, t)
-
-
-@njit(cache=True, fastmath=False, parallel=True)
-def matvec_q8_0(qs, d, xq, dx, xsum, out):
-    nt, nb = qs.shape[0], qs.shape[1]
-    for t in prange(nt):
-        part = np.empty((16, R), I16)
-        isum = np.empty(R, I32)
-        acc = np.empty(R, F32)
-        for i in range(out.shape[0]):
-            acc[:] = 0
-            for b in range(nb):
-                _sum_i8_block(qs, t, b, xq, i, b * 32, part)
-                _widen_sum(part, 16, isum)
-                _acc_offset(acc, isum, 0, d[t, b], dx[i, b])
-            _store_tile(acc, out, i, t)
-
-
-# ----------------------------------------------------------------------------------- batched kernels
-# Decode each block of a row tile once into w (32, R) int16, then multiply it into every token.
+# -------------------------------------------------------------------------------- batched decoding
+# Decode a block of a row tile once into w (32, R) int16, then multiply it into every token.
 
 @njit(cache=True, inline="always")
 def _sum_decoded(w, xq, i, o, gsize, part):
@@ -275,8 +189,8 @@ def _sum_decoded(w, xq, i, o, gsize, part):
                 part[2 * h, r] = lo
                 part[2 * h + 1, r] = hi
     else:
-        for r in range(R):
-            for m in range(16):
+        for m in range(16):
+            for r in range(R):
                 part[m, r] = I16(w[2 * m, r] * xq[i, o + 2 * m] + w[2 * m + 1, r] * xq[i, o + 2 * m + 1])
 
 
@@ -285,10 +199,10 @@ def _decode_u4(qs, t, b, w):
     for m in range(8):
         for r in range(R):
             v = I16(qs[t, b, m, r])
-            w[2 * m, r] = _nib(v, 0)
-            w[2 * m + 1, r] = _nib(v, 8)
-            w[16 + 2 * m, r] = _nib(v, 4)
-            w[17 + 2 * m, r] = _nib(v, 12)
+            w[2 * m, r] = field(v, 0, 15)
+            w[2 * m + 1, r] = field(v, 8, 15)
+            w[16 + 2 * m, r] = field(v, 4, 15)
+            w[17 + 2 * m, r] = field(v, 12, 15)
 
 
 @njit(cache=True, inline="always")
@@ -296,8 +210,8 @@ def _decode_u5(qs, qh, t, b, w):
     _decode_u4(qs, t, b, w)
     for j in range(16):
         for r in range(R):
-            w[j, r] |= _bit4(I16(qh[t, b, 0, r]), j)
-            w[16 + j, r] |= _bit4(I16(qh[t, b, 1, r]), j)
+            w[j, r] |= bit_to(qh[t, b, 0, r], j, 4)
+            w[16 + j, r] |= bit_to(qh[t, b, 1, r], j, 4)
 
 
 @njit(cache=True, inline="always")
@@ -305,100 +219,164 @@ def _decode_i8(qs, t, b, w):
     for m in range(16):
         for r in range(R):
             v = I16(qs[t, b, m, r])
-            w[2 * m, r] = I16(v << I16(8)) >> I16(8)
-            w[2 * m + 1, r] = v >> I16(8)
+            w[2 * m, r] = sext8(v, 0)
+            w[2 * m + 1, r] = sext8(v, 1)
 
 
-@njit(cache=True, fastmath=False, parallel=True)
-def matmul_q4_0(qs, d, xq, dx, xsum, out):
-    nt, nb = qs.shape[0], qs.shape[1]
+# ------------------------------------------------------------------------------------ tile kernels
+@njit(cache=True)
+def _tile_q4_0(t, qs, d, xq, dx, xsum, out):
+    nb = qs.shape[1]
     n = out.shape[0]
-    for t in prange(nt):
+    part = np.empty((2, R), I16)
+    isum = np.empty(R, I32)
+    acc = np.zeros((n, R), F32)
+    if n <= MATVEC_MAX_TOKENS:
+        for i in range(n):
+            for b in range(nb):
+                _sum_u4_block(qs, t, b, xq, i, b * 32, part)
+                _widen_sum(part, 2, isum)
+                _acc_offset(acc[i], isum, 8 * xsum[i, b], d[t, b], dx[i, b])
+    else:
         w = np.empty((32, R), I16)
-        part = np.empty((2, R), I16)
-        isum = np.empty(R, I32)
-        acc = np.zeros((n, R), F32)
         for b in range(nb):
             _decode_u4(qs, t, b, w)
             for i in range(n):
                 _sum_decoded(w, xq, i, b * 32, 16, part)
                 _widen_sum(part, 2, isum)
                 _acc_offset(acc[i], isum, 8 * xsum[i, b], d[t, b], dx[i, b])
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
+    for i in range(n):
+        _store_tile(acc[i], out, i, t)
 
 
-@njit(cache=True, fastmath=False, parallel=True)
-def matmul_q4_1(qs, d, m, xq, dx, xs, out):
-    nt, nb = qs.shape[0], qs.shape[1]
+@njit(cache=True)
+def _tile_q4_1(t, qs, d, m, xq, dx, xs, out):
+    nb = qs.shape[1]
     n = out.shape[0]
-    for t in prange(nt):
+    part = np.empty((2, R), I16)
+    isum = np.empty(R, I32)
+    acc = np.zeros((n, R), F32)
+    if n <= MATVEC_MAX_TOKENS:
+        for i in range(n):
+            for b in range(nb):
+                _sum_u4_block(qs, t, b, xq, i, b * 32, part)
+                _widen_sum(part, 2, isum)
+                _acc_min(acc[i], isum, d[t, b], m[t, b], dx[i, b], xs[i, b])
+    else:
         w = np.empty((32, R), I16)
-        part = np.empty((2, R), I16)
-        isum = np.empty(R, I32)
-        acc = np.zeros((n, R), F32)
         for b in range(nb):
             _decode_u4(qs, t, b, w)
             for i in range(n):
                 _sum_decoded(w, xq, i, b * 32, 16, part)
                 _widen_sum(part, 2, isum)
                 _acc_min(acc[i], isum, d[t, b], m[t, b], dx[i, b], xs[i, b])
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
+    for i in range(n):
+        _store_tile(acc[i], out, i, t)
 
 
-@njit(cache=True, fastmath=False, parallel=True)
-def matmul_q5_0(qs, qh, d, xq, dx, xsum, out):
-    nt, nb = qs.shape[0], qs.shape[1]
+@njit(cache=True)
+def _tile_q5_0(t, qs, qh, d, xq, dx, xsum, out):
+    nb = qs.shape[1]
     n = out.shape[0]
-    for t in prange(nt):
+    part = np.empty((4, R), I16)
+    isum = np.empty(R, I32)
+    acc = np.zeros((n, R), F32)
+    if n <= MATVEC_MAX_TOKENS:
+        for i in range(n):
+            for b in range(nb):
+                _sum_u5_half(qs, qh, t, b, xq, i, b * 32, 0, part, 0)
+                _sum_u5_half(qs, qh, t, b, xq, i, b * 32, 4, part, 2)
+                _widen_sum(part, 4, isum)
+                _acc_offset(acc[i], isum, 16 * xsum[i, b], d[t, b], dx[i, b])
+    else:
         w = np.empty((32, R), I16)
-        part = np.empty((4, R), I16)
-        isum = np.empty(R, I32)
-        acc = np.zeros((n, R), F32)
         for b in range(nb):
             _decode_u5(qs, qh, t, b, w)
             for i in range(n):
                 _sum_decoded(w, xq, i, b * 32, 8, part)
                 _widen_sum(part, 4, isum)
                 _acc_offset(acc[i], isum, 16 * xsum[i, b], d[t, b], dx[i, b])
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
+    for i in range(n):
+        _store_tile(acc[i], out, i, t)
 
 
-@njit(cache=True, fastmath=False, parallel=True)
-def matmul_q5_1(qs, qh, d, m, xq, dx, xs, out):
-    nt, nb = qs.shape[0], qs.shape[1]
+@njit(cache=True)
+def _tile_q5_1(t, qs, qh, d, m, xq, dx, xs, out):
+    nb = qs.shape[1]
     n = out.shape[0]
-    for t in prange(nt):
+    part = np.empty((4, R), I16)
+    isum = np.empty(R, I32)
+    acc = np.zeros((n, R), F32)
+    if n <= MATVEC_MAX_TOKENS:
+        for i in range(n):
+            for b in range(nb):
+                _sum_u5_half(qs, qh, t, b, xq, i, b * 32, 0, part, 0)
+                _sum_u5_half(qs, qh, t, b, xq, i, b * 32, 4, part, 2)
+                _widen_sum(part, 4, isum)
+                _acc_min(acc[i], isum, d[t, b], m[t, b], dx[i, b], xs[i, b])
+    else:
         w = np.empty((32, R), I16)
-        part = np.empty((4, R), I16)
-        isum = np.empty(R, I32)
-        acc = np.zeros((n, R), F32)
         for b in range(nb):
             _decode_u5(qs, qh, t, b, w)
             for i in range(n):
                 _sum_decoded(w, xq, i, b * 32, 8, part)
                 _widen_sum(part, 4, isum)
                 _acc_min(acc[i], isum, d[t, b], m[t, b], dx[i, b], xs[i, b])
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
+    for i in range(n):
+        _store_tile(acc[i], out, i, t)
 
 
-@njit(cache=True, fastmath=False, parallel=True)
-def matmul_q8_0(qs, d, xq, dx, xsum, out):
-    nt, nb = qs.shape[0], qs.shape[1]
+@njit(cache=True)
+def _tile_q8_0(t, qs, d, xq, dx, xsum, out):
+    nb = qs.shape[1]
     n = out.shape[0]
-    for t in prange(nt):
+    part = np.empty((16, R), I16)
+    isum = np.empty(R, I32)
+    acc = np.zeros((n, R), F32)
+    if n <= MATVEC_MAX_TOKENS:
+        for i in range(n):
+            for b in range(nb):
+                _sum_i8_block(qs, t, b, xq, i, b * 32, part)
+                _widen_sum(part, 16, isum)
+                _acc_offset(acc[i], isum, 0, d[t, b], dx[i, b])
+    else:
         w = np.empty((32, R), I16)
-        part = np.empty((16, R), I16)
-        isum = np.empty(R, I32)
-        acc = np.zeros((n, R), F32)
         for b in range(nb):
             _decode_i8(qs, t, b, w)
             for i in range(n):
                 _sum_decoded(w, xq, i, b * 32, 2, part)
                 _widen_sum(part, 16, isum)
                 _acc_offset(acc[i], isum, 0, d[t, b], dx[i, b])
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
+    for i in range(n):
+        _store_tile(acc[i], out, i, t)
+
+
+# -------------------------------------------------------------------------------- parallel drivers
+@njit(cache=True, parallel=True)
+def mul_mat_q4_0(qs, d, xq, dx, xsum, out):
+    for t in prange(qs.shape[0]):
+        _tile_q4_0(t, qs, d, xq, dx, xsum, out)
+
+
+@njit(cache=True, parallel=True)
+def mul_mat_q4_1(qs, d, m, xq, dx, xs, out):
+    for t in prange(qs.shape[0]):
+        _tile_q4_1(t, qs, d, m, xq, dx, xs, out)
+
+
+@njit(cache=True, parallel=True)
+def mul_mat_q5_0(qs, qh, d, xq, dx, xsum, out):
+    for t in prange(qs.shape[0]):
+        _tile_q5_0(t, qs, qh, d, xq, dx, xsum, out)
+
+
+@njit(cache=True, parallel=True)
+def mul_mat_q5_1(qs, qh, d, m, xq, dx, xs, out):
+    for t in prange(qs.shape[0]):
+        _tile_q5_1(t, qs, qh, d, m, xq, dx, xs, out)
+
+
+@njit(cache=True, parallel=True)
+def mul_mat_q8_0(qs, d, xq, dx, xsum, out):
+    for t in prange(qs.shape[0]):
+        _tile_q8_0(t, qs, d, xq, dx, xsum, out)

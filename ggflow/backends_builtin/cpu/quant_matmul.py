@@ -46,11 +46,11 @@ class _QuantKernels:
 
 
 _QUANT: dict[str, _QuantKernels] = {
-    "Q4_0": _QuantKernels(32, 18, "Q8_0", leg.pack_q4_0, leg.matvec_q4_0, leg.matmul_q4_0),
-    "Q4_1": _QuantKernels(32, 20, "Q8_1", leg.pack_q4_1, leg.matvec_q4_1, leg.matmul_q4_1),
-    "Q5_0": _QuantKernels(32, 22, "Q8_0", leg.pack_q5_0, leg.matvec_q5_0, leg.matmul_q5_0),
-    "Q5_1": _QuantKernels(32, 24, "Q8_1", leg.pack_q5_1, leg.matvec_q5_1, leg.matmul_q5_1),
-    "Q8_0": _QuantKernels(32, 34, "Q8_0", leg.pack_q8_0, leg.matvec_q8_0, leg.matmul_q8_0),
+    "Q4_0": _QuantKernels(32, 18, "Q8_0", leg.pack_q4_0, leg.mul_mat_q4_0, leg.mul_mat_q4_0),
+    "Q4_1": _QuantKernels(32, 20, "Q8_1", leg.pack_q4_1, leg.mul_mat_q4_1, leg.mul_mat_q4_1),
+    "Q5_0": _QuantKernels(32, 22, "Q8_0", leg.pack_q5_0, leg.mul_mat_q5_0, leg.mul_mat_q5_0),
+    "Q5_1": _QuantKernels(32, 24, "Q8_1", leg.pack_q5_1, leg.mul_mat_q5_1, leg.mul_mat_q5_1),
+    "Q8_0": _QuantKernels(32, 34, "Q8_0", leg.pack_q8_0, leg.mul_mat_q8_0, leg.mul_mat_q8_0),
     "Q2_K": _QuantKernels(256, 84, "Q8_K", kq.pack_q2_k, kq.matvec_q2_k, kq.matmul_q2_k),
     "Q3_K": _QuantKernels(256, 110, "Q8_K", kq.pack_q3_k, kq.matvec_q3_k, kq.matmul_q3_k),
     "Q4_K": _QuantKernels(256, 144, "Q8_K", kq.pack_q4_k, kq.matvec_q4_k, kq.matmul_q4_k),
