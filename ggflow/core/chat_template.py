@@ -88,19 +88,6 @@ def join_text_parts(parts: Sequence[Any]) -> str:
     return "\n".join(str(p.get("text", "")) for p in parts if isinstance(p, Mapping) and p.get("type") == "text")
 
 
-class _LazyStrings:
-    """A GGUF string array read one element at a time (a template needs two of 100k tokens)."""
-
-    def __init__(self, field: Any):
-        self.field = field
-
-    def __len__(self) -> int:
-        return 0 if self.field is None else len(self.field.data)
-
-    def __getitem__(self, i: int) -> str:
-        return self.field.contents(i)
-
-
 class ChatTemplate:
     """A chat template ready to render conversations.
 
@@ -137,16 +124,11 @@ class ChatTemplate:
 
     @classmethod
     def from_gguf_file(cls, path: str | os.PathLike) -> "ChatTemplate":
-        """Read the template and the BOS/EOS token texts from a GGUF file (gguf.GGUFReader)."""
-        import gguf
+        """Read the template and the BOS/EOS token texts from a GGUF file's header."""
+        from ggflow.core.gguf_file import GGUFFile
 
-        reader = gguf.GGUFReader(str(path))
-
-        def get(key: str) -> Any:
-            field = reader.fields.get(key)
-            return None if field is None else field.contents()
-
-        return cls.from_gguf_metadata(get, _LazyStrings(reader.fields.get("tokenizer.ggml.tokens")))
+        meta = GGUFFile(path, keep=lambda key: key.startswith("tokenizer."), tensors=False).fields
+        return cls.from_gguf_metadata(meta.get)
 
     @classmethod
     def for_vocab(cls, source: str | None, vocab: Any) -> "ChatTemplate":

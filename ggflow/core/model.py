@@ -1,7 +1,8 @@
 """Model: a GGUF file opened as hyperparameters, memory-mapped weights and an architecture.
 
 Weights are views into the memory map (no copy, no dequantization at load): each is a Tensor whose
-buffer is one HostBuffer over the whole mapped file, at the tensor's data offset. The architecture is
+buffer is one HostBuffer over the whole mapped file, at the tensor's data offset. The header is read
+by ggflow.core.gguf_file (milliseconds, where gguf.GGUFReader takes seconds on a large vocabulary). The architecture is
 looked up in the plugin registry by ``general.architecture``; it reads its hyperparameters and says
 which tensors it needs with which shapes, so a file that lacks one, or has it misshapen, fails at load
 with the tensor's name and both shapes.
@@ -16,30 +17,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ggflow.core.backend import HostBuffer
+from ggflow.core.gguf_file import GGUFFile
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.errors import GGFlowError, ModelLoadError, UnknownNameError
 
 if TYPE_CHECKING:
-    import gguf
-
     from ggflow.core.arch import Architecture
 
 
 class Metadata:
     """Typed access to a GGUF file's key/value metadata, with errors that name the file and key."""
 
-    def __init__(self, reader: "gguf.GGUFReader", path: str):
-        self.reader, self.path = reader, path
+    def __init__(self, fields: dict[str, Any], path: str):
+        self.fields, self.path = fields, path
         self.arch = str(self.get("general.architecture", ""))
 
     def get(self, key: str, default: Any = None) -> Any:
-        field = self.reader.fields.get(key)
-        if field is None:
-            return default
-        try:
-            return field.contents()
-        except Exception as exc:  # a malformed value in an otherwise readable file
-            raise ModelLoadError(f"{self.path}: metadata key {key!r} is unreadable: {exc}") from exc
+        return self.fields.get(key, default)
 
     def require(self, key: str) -> Any:
         value = self.get(key)
@@ -55,7 +49,7 @@ class Metadata:
         return self.require(f"{self.arch}.{suffix}")
 
     def __contains__(self, key: str) -> bool:
-        return key in self.reader.fields
+        return key in self.fields
 
 
 @dataclass
@@ -87,31 +81,12 @@ class HParams:
         return self.n_embd_head_v * self.n_head_kv
 
 
-def open_gguf(path: str | os.PathLike) -> "gguf.GGUFReader":
-    """Open a GGUF file memory-mapped; a truncated or malformed file is a ModelLoadError naming it."""
-    import gguf
-
-    path = str(path)
-    if not os.path.isfile(path):
-        raise ModelLoadError(f"{path}: no such model file")
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as exc:  # gguf raises ValueError, IndexError, struct errors... on bad files
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
-    size = os.path.getsize(path)
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise ModelLoadError(f"{path}: tensor {t.name!r} ends at byte {t.data_offset + t.n_bytes} "
-                                 f"but the file has {size} bytes (truncated?)")
-    return reader
-
-
 class Model:
-    def __init__(self, path: str, reader: "gguf.GGUFReader", arch: "Architecture", hparams: HParams,
+    def __init__(self, path: str, file: GGUFFile, arch: "Architecture", hparams: HParams,
                  weights: dict[str, Tensor], buffer: HostBuffer | None):
-        self.path, self.reader, self.arch, self.hparams = path, reader, arch, hparams
+        self.path, self.file, self.arch, self.hparams = path, file, arch, hparams
         self.weights, self.buffer = weights, buffer
-        self.metadata = Metadata(reader, path)
+        self.metadata = Metadata(file.fields, path)
         self._vocab = None
 
     @classmethod
@@ -119,8 +94,8 @@ class Model:
         from ggflow.plugins.manager import get_plugin_manager
 
         path = str(path)
-        reader = open_gguf(path)
-        meta = Metadata(reader, path)
+        file = GGUFFile(path)
+        meta = Metadata(file.fields, path)
         if not meta.arch:
             raise ModelLoadError(f"{path}: general.architecture is missing")
         try:
@@ -128,10 +103,10 @@ class Model:
         except UnknownNameError as exc:
             raise ModelLoadError(f"{path}: {exc}") from None
         hparams = arch.load_hparams(meta)
-        buffer = HostBuffer(np.asarray(reader.data).view(np.uint8).reshape(-1), "cpu")
-        weights = _map_weights(path, reader, buffer)
+        buffer = HostBuffer(file.data(), "cpu")
+        weights = _map_weights(file, buffer)
         _check_tensors(path, arch.tensor_shapes(hparams), weights)
-        return cls(path, reader, arch, hparams, weights, buffer)
+        return cls(path, file, arch, hparams, weights, buffer)
 
     def weight(self, name: str) -> Tensor:
         try:
@@ -147,7 +122,7 @@ class Model:
     def vocab(self):
         if self._vocab is None:
             from ggflow.core.vocab import Vocab
-            self._vocab = Vocab.from_gguf_reader(self.reader)
+            self._vocab = Vocab(self.file.fields, self.path)
         return self._vocab
 
     @property
@@ -162,22 +137,24 @@ class Model:
         return f"Model({Path(self.path).name}: {self.metadata.arch}, {self.hparams.n_layer} layers)"
 
 
-def _map_weights(path: str, reader: "gguf.GGUFReader", buffer: HostBuffer) -> dict[str, Tensor]:
+def _map_weights(file: GGUFFile, buffer: HostBuffer) -> dict[str, Tensor]:
     from ggflow.core.types import type_traits
 
     weights: dict[str, Tensor] = {}
-    for rt in reader.tensors:
+    for info in file.tensors:
         try:
-            traits = type_traits(int(rt.tensor_type))
+            traits = type_traits(info.type_id)
         except GGFlowError as exc:
-            raise ModelLoadError(f"{path}: tensor {rt.name!r} has a type no plugin provides: {exc}") from None
-        ne = [int(n) for n in rt.shape]
-        t = Tensor(traits, ne, name=rt.name, flags=TensorFlag.PARAM)
-        if t.nbytes != int(rt.n_bytes):
-            raise ModelLoadError(f"{path}: tensor {rt.name!r} of type {traits.name} and shape {ne} should "
-                                 f"take {t.nbytes} bytes, the file says {int(rt.n_bytes)}")
-        t.buffer, t.offset = buffer, int(rt.data_offset)
-        weights[rt.name] = t
+            raise ModelLoadError(f"{file.path}: tensor {info.name!r} has a type no plugin provides: {exc}") from None
+        try:
+            t = Tensor(traits, info.ne or (1,), name=info.name, flags=TensorFlag.PARAM)
+        except (ValueError, GGFlowError) as exc:
+            raise ModelLoadError(f"{file.path}: tensor {info.name!r} of shape {list(info.ne)}: {exc}") from None
+        if info.offset + t.nbytes > file.size:
+            raise ModelLoadError(f"{file.path}: tensor {info.name!r} ends at byte {info.offset + t.nbytes} but "
+                                 f"the file has {file.size} bytes (truncated?)")
+        t.buffer, t.offset = buffer, info.offset
+        weights[info.name] = t
     return weights
 
 

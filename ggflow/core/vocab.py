@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import codecs
 import heapq
-import mmap
 import os
 import re
-import struct
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
@@ -93,9 +91,6 @@ _C_SPACE = " \t\n\v\f\r"    # C isspace() in the "C" locale: what lstrip/rstrip 
 
 _KEY = "tokenizer.ggml."
 _KEPT_GENERAL_KEYS = ("general.name", "general.architecture")
-_SCALAR_DTYPES = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "?",
-                  10: "u8", 11: "i8", 12: "f8"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 
 def _wanted(key: str) -> bool:
@@ -103,88 +98,12 @@ def _wanted(key: str) -> bool:
 
 
 def read_tokenizer_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The tokenizer.ggml.* (and general.name/architecture) keys of a GGUF file.
+    """The tokenizer.ggml.* (and general.name/architecture) keys of a GGUF file, read from its header
+    alone (ggflow.core.gguf_file: milliseconds, where gguf.GGUFReader needs seconds for a large vocab).
+    Numeric arrays come back as numpy arrays, string arrays as lists of str."""
+    from ggflow.core.gguf_file import GGUFFile
 
-    Parses only the key/value header, straight from a memory map. gguf.GGUFReader builds a numpy
-    view per array element and needs seconds for a 150k-token vocabulary; this takes milliseconds.
-    Numeric arrays come back as numpy arrays, string arrays as lists of str.
-    """
-    path = str(path)
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return _MetadataParser(mm, path).parse()
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path}: no such file") from None
-    except (ValueError, OSError, struct.error, IndexError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
-
-
-class _MetadataParser:
-    def __init__(self, mm: mmap.mmap, path: str):
-        self.mm, self.path, self.pos = mm, path, 0
-
-    def parse(self) -> dict[str, Any]:
-        if self.mm[:4] != b"GGUF":
-            raise ModelLoadError(f"{self.path}: not a GGUF file (magic {self.mm[:4]!r})")
-        version, _n_tensors, n_kv = struct.unpack_from("<IQQ", self.mm, 4)
-        if version not in (2, 3):
-            raise ModelLoadError(f"{self.path}: GGUF version {version} is not supported "
-                                 "(versions 2 and 3, little-endian, are)")
-        self.pos = 24
-        meta: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = self._string()
-            (vtype,) = self._unpack("<I")
-            value = self._value(vtype, keep=_wanted(key))
-            if _wanted(key):
-                meta[key] = value
-        return meta
-
-    def _unpack(self, fmt: str) -> tuple:
-        values = struct.unpack_from(fmt, self.mm, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return values
-
-    def _string(self, keep: bool = True) -> str | None:
-        (n,) = self._unpack("<Q")
-        start, self.pos = self.pos, self.pos + n
-        if self.pos > len(self.mm):
-            raise IndexError("string runs past the end of the file")
-        return self.mm[start:self.pos].decode("utf-8") if keep else None
-
-    def _value(self, vtype: int, keep: bool) -> Any:
-        if vtype == _GGUF_STRING:
-            return self._string(keep)
-        if vtype in _SCALAR_DTYPES:
-            dtype = np.dtype(_SCALAR_DTYPES[vtype]).newbyteorder("<")
-            value = np.frombuffer(self.mm[self.pos:self.pos + dtype.itemsize], dtype)[0]
-            self.pos += dtype.itemsize
-            return value.item()
-        if vtype == _GGUF_ARRAY:
-            itype, count = self._unpack("<IQ")
-            if itype == _GGUF_STRING:
-                return self._string_array(count, keep)
-            if itype not in _SCALAR_DTYPES:
-                raise ModelLoadError(f"{self.path}: unsupported GGUF array element type {itype}")
-            dtype = np.dtype(_SCALAR_DTYPES[itype]).newbyteorder("<")
-            start, self.pos = self.pos, self.pos + dtype.itemsize * count
-            if not keep:
-                return None
-            return np.frombuffer(self.mm[start:self.pos], dtype).astype(dtype.newbyteorder("="))
-        raise ModelLoadError(f"{self.path}: unknown GGUF value type {vtype}")
-
-    def _string_array(self, count: int, keep: bool) -> list[str] | None:
-        mm, pos, unpack = self.mm, self.pos, struct.Struct("<Q").unpack_from
-        out: list[str] = []
-        for _ in range(count):
-            (n,) = unpack(mm, pos)
-            if keep:
-                out.append(mm[pos + 8:pos + 8 + n].decode("utf-8"))
-            pos += 8 + n
-        if pos > len(mm):
-            raise IndexError("string array runs past the end of the file")
-        self.pos = pos
-        return out if keep else None
+    return GGUFFile(path, keep=_wanted, tensors=False).fields
 
 
 def _reader_metadata(reader: "gguf.GGUFReader") -> dict[str, Any]:

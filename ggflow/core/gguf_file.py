@@ -1,0 +1,148 @@
+"""A GGUF file's header, read straight from a memory map: metadata, tensor infos, the data section.
+
+gguf.GGUFReader builds a numpy view per array element, which takes seconds for a 49k-150k token
+vocabulary before any weight is touched; reading the header with struct and numpy.frombuffer takes
+milliseconds. Numeric arrays come back as numpy arrays, string arrays as lists of str. The gguf
+package stays the reference for writing files and for the tests.
+
+Layout (GGUF v2/v3, little-endian): magic "GGUF", version u32, n_tensors u64, n_kv u64; n_kv
+(key string, value type u32, value); n_tensors (name string, n_dims u32, ne u64 x n_dims, type u32,
+offset u64); padding to general.alignment (default 32); tensor data at data_start + offset.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ggflow.errors import ModelLoadError
+
+SCALAR_DTYPES = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "?",
+                 10: "u8", 11: "i8", 12: "f8"}
+STRING, ARRAY = 8, 9
+DEFAULT_ALIGNMENT = 32
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    type_id: int
+    ne: tuple[int, ...]       # innermost first, as stored
+    offset: int               # absolute byte offset of the data in the file
+
+
+class GGUFFile:
+    """The parsed header of a GGUF file and a read-only memory map of all of it."""
+
+    def __init__(self, path: str | os.PathLike, keep: Callable[[str], bool] = lambda key: True,
+                 tensors: bool = True):
+        """keep: which metadata keys to decode (others are skipped); tensors: read tensor infos too."""
+        self.path = str(path)
+        if not os.path.isfile(self.path):
+            raise ModelLoadError(f"{self.path}: no such file")
+        self.size = os.path.getsize(self.path)
+        try:
+            with open(self.path, "rb") as f:
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
+            self._parse(keep, tensors)
+        except ModelLoadError:
+            raise
+        except (ValueError, OSError, struct.error, IndexError, UnicodeDecodeError, OverflowError) as exc:
+            raise ModelLoadError(f"{self.path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+
+    # -- parsing ---------------------------------------------------------------------------------
+    def _parse(self, keep: Callable[[str], bool], read_tensors: bool) -> None:
+        mm = self._mm
+        if len(mm) < 24 or mm[:4] != b"GGUF":
+            raise ModelLoadError(f"{self.path}: not a GGUF file (it starts with {bytes(mm[:4])!r})")
+        self.version, n_tensors, n_kv = struct.unpack_from("<IQQ", mm, 4)
+        if self.version not in (2, 3):
+            raise ModelLoadError(f"{self.path}: GGUF version {self.version} is not supported "
+                                 "(versions 2 and 3, little-endian, are)")
+        self.pos = 24
+        self.fields: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = self._string()
+            (vtype,) = self._unpack("<I")
+            wanted = keep(key) or key == "general.alignment"
+            value = self._value(vtype, wanted)
+            if wanted:
+                self.fields[key] = value
+        self.tensors: list[TensorInfo] = []
+        if not read_tensors:
+            return
+        infos = []
+        for _ in range(n_tensors):
+            name = self._string()
+            (n_dims,) = self._unpack("<I")
+            if n_dims > 4:
+                raise ModelLoadError(f"{self.path}: tensor {name!r} has {n_dims} dimensions (at most 4)")
+            ne = self._unpack(f"<{n_dims}Q")
+            type_id, offset = self._unpack("<IQ")
+            infos.append((name, type_id, tuple(int(n) for n in ne), offset))
+        self.alignment = int(self.fields.get("general.alignment", DEFAULT_ALIGNMENT))
+        if self.alignment <= 0 or self.alignment & (self.alignment - 1):
+            raise ModelLoadError(f"{self.path}: general.alignment {self.alignment} is not a power of two")
+        self.data_start = -(-self.pos // self.alignment) * self.alignment
+        for name, type_id, ne, offset in infos:
+            if offset % self.alignment:
+                raise ModelLoadError(f"{self.path}: tensor {name!r} data offset {offset} is not aligned")
+            self.tensors.append(TensorInfo(name, type_id, ne, self.data_start + offset))
+
+    def _unpack(self, fmt: str) -> tuple:
+        values = struct.unpack_from(fmt, self._mm, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return values
+
+    def _string(self, keep: bool = True) -> str | None:
+        (n,) = self._unpack("<Q")
+        start, self.pos = self.pos, self.pos + n
+        if self.pos > len(self._mm):
+            raise IndexError("a string runs past the end of the file")
+        return self._mm[start:self.pos].decode("utf-8") if keep else None
+
+    def _value(self, vtype: int, keep: bool) -> Any:
+        if vtype == STRING:
+            return self._string(keep)
+        if vtype in SCALAR_DTYPES:
+            dtype = np.dtype(SCALAR_DTYPES[vtype]).newbyteorder("<")
+            value = np.frombuffer(self._mm, dtype, 1, self.pos)[0]
+            self.pos += dtype.itemsize
+            return value.item()
+        if vtype == ARRAY:
+            itype, count = self._unpack("<IQ")
+            if itype == STRING:
+                return self._string_array(count, keep)
+            if itype not in SCALAR_DTYPES:
+                raise ModelLoadError(f"{self.path}: unsupported GGUF array element type {itype}")
+            dtype = np.dtype(SCALAR_DTYPES[itype]).newbyteorder("<")
+            start, self.pos = self.pos, self.pos + dtype.itemsize * count
+            if self.pos > len(self._mm):
+                raise IndexError("an array runs past the end of the file")
+            return np.frombuffer(self._mm, dtype, count, start).astype(dtype.newbyteorder("=")) if keep else None
+        raise ModelLoadError(f"{self.path}: unknown GGUF value type {vtype}")
+
+    def _string_array(self, count: int, keep: bool) -> list[str] | None:
+        mm, pos, unpack = self._mm, self.pos, struct.Struct("<Q").unpack_from
+        out: list[str] = []
+        for _ in range(count):
+            (n,) = unpack(mm, pos)
+            if keep:
+                out.append(mm[pos + 8:pos + 8 + n].decode("utf-8"))
+            pos += 8 + n
+            if pos > len(mm):
+                raise IndexError("a string array runs past the end of the file")
+        self.pos = pos
+        return out if keep else None
+
+    # -- access ----------------------------------------------------------------------------------
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+    def data(self) -> np.ndarray:
+        """The whole file as a read-only uint8 array over the memory map (no copy)."""
+        return np.frombuffer(self._mm, dtype=np.uint8)
