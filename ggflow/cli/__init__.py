@@ -20,6 +20,7 @@ COMMANDS = (
     "ggflow.cli.chat_cmd",
     "ggflow.cli.info_cmd",
     "ggflow.cli.bench_cmd",
+    "ggflow.cli.quantize_cmd",
     "ggflow.cli.plugins_cmd",
 )
 

@@ -1,0 +1,32 @@
+"""``ggflow quantize IN.gguf OUT.gguf TYPE``: rewrite a model in one of llama-quantize's mixes."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ggflow.quant_mixes import ALIASES, MIXES
+
+
+def add_parser(subparsers: Any) -> None:
+    mixes = ", ".join(MIXES)
+    aliases = ", ".join(f"{a} = {m}" for a, m in ALIASES.items())
+    parser = subparsers.add_parser(
+        "quantize", help="rewrite a GGUF model in another type (llama.cpp's quantization mixes)",
+        description=f"Rewrite a GGUF model with each tensor in the type llama-quantize gives it for TYPE "
+                    f"(no importance matrix). Types: {mixes} (aliases {aliases}). Already-quantized tensors "
+                    "are decoded and requantized. OUT is replaced only once it is complete.")
+    parser.add_argument("input", metavar="IN.gguf", help="model to read (F32, F16, BF16 or quantized)")
+    parser.add_argument("output", metavar="OUT.gguf", help="file to write")
+    parser.add_argument("type", metavar="TYPE", help=f"one of {mixes}")
+    parser.add_argument("--pure", action="store_true",
+                        help="every quantizable tensor in TYPE's base type: no output/attn_v/ffn_down promotions")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ggflow.quantize_model import quantize_model
+
+    report = quantize_model(args.input, args.output, args.type, pure=args.pure, progress=not args.quiet)
+    print(report.summary())
+    return 0
