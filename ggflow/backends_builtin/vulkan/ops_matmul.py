@@ -22,9 +22,15 @@ from ggflow.core.tensor import Tensor, contiguous_strides
 from ggflow.core.types import type_traits
 
 VEC_MAX_COLUMNS = 4          # up to this many columns of b, the matrix-vector kernel
+VEC_THREADS = 128            # mul_mat_vec's workgroup: one row per subgroup
 TILE = 64
 ROUNDING = {"Q8_0": "q8_0", "Q8_1": "q8_0", "Q8_K": "q8_k"}   # Q8_1 rounds values exactly as Q8_0 does
 ROUNDING_BLOCK = {"q8_0": 32, "q8_k": 256}
+
+
+def vec_rows_per_group(subgroup_size: int) -> int:
+    """Rows of a one mul_mat_vec workgroup covers: as many as it has subgroups, by the reported size."""
+    return max(1, VEC_THREADS // max(1, subgroup_size))
 
 
 def rounding_of(a: Tensor) -> str | None:
@@ -84,17 +90,18 @@ def matmul_work(a_t: Tensor, a: Operand, b: Operand, d: Operand, ctx: BuildConte
     def b_map(box: Box) -> Box:
         return ((0, k), box[1], box[2], box[3])
 
+    rows = vec_rows_per_group(ctx.limits.subgroup_size)
+    tile_m = rows if vec else TILE
+
     def groups(box: Box) -> tuple[int, int, int]:
         batches = extent(box[2]) * extent(box[3])
-        if vec:
-            return extent(box[0]), extent(box[1]), batches
-        return -(-extent(box[0]) // TILE), -(-extent(box[1]) // TILE), batches
+        return -(-extent(box[0]) // tile_m), -(-extent(box[1]) // (1 if vec else TILE)), batches
 
     def push(box: Box, offs: list[int]) -> list[int]:
         return [k, box[0][0], box[0][1], box[1][0], box[1][1], box[2][0], box[3][0], extent(box[2]), r2, r3,
-                offs[0], *a.strides(), offs[1], *b.strides(), offs[2], *d.strides()]
+                offs[0], *a.strides(), offs[1], *b.strides(), offs[2], *d.strides(), rows]
     kernel = "mul_mat_vec" if vec else "mul_mat_tiled"
-    step = (1, 1, 1, 1) if vec else (TILE, TILE, 1, 1)
+    step = (rows, 1, 1, 1) if vec else (TILE, TILE, 1, 1)
     return Work(ctx.pipeline(f"{kernel}_{a_t.type.name.lower()}"), [a, b, d], [a_map, b_map, same], d.full(),
                 groups, push, step)
 

@@ -11,6 +11,7 @@ layout(push_constant) uniform Push {
     uint a_off, a_nb0, a_nb1, a_nb2, a_nb3;
     uint b_off, b_nb0, b_nb1, b_nb2, b_nb3;
     uint d_off, d_nb0, d_nb1, d_nb2, d_nb3;
+    uint rows_per_group;   // mul_mat_vec only
 } p;
 
 float load_b(uint i) {
