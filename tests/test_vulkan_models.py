@@ -12,6 +12,9 @@ further apart than the two backends' logits differ, so the same choice is forced
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -108,3 +111,29 @@ def test_shifted_positions_rerotate_the_cached_keys_on_vulkan(tiny_model_path):
         results.append(ctx.get_logits().copy())
     cpu, vk = results
     np.testing.assert_allclose(vk, cpu, rtol=0, atol=TOLERANCE["F16"] * np.abs(cpu).max())
+
+
+# -- against llama.cpp's own logits (the shared tiny models) -------------------------------------------------
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+LLAMACPP_MODELS = ["tiny-llama-hs-f32", "tiny-llama-hs-q4_0", "tiny-llama-hs-q4_k_m", "tiny-qwen2-hs-q8_0",
+                   "tiny-gpt2-hs-f32"]
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared test models not found at {SHARED}")
+@pytest.mark.parametrize("name", LLAMACPP_MODELS)
+def test_greedy_decoding_matches_llamacpp(name):
+    """Teacher-forced on llama.cpp's greedy tokens, with the CPU backend's tolerances (tests/test_e2e_llamacpp:
+    1e-3 for F32, 5e-2 quantized; measured on Vulkan: 3e-4 and 2.6e-2), and the same greedy tokens."""
+    ref = json.loads((SHARED / f"{name}.llamacpp.json").read_text())
+    ctx = Context(Model.load(SHARED / f"{name}.gguf"), n_ctx=512, backends=["vulkan"])
+    prompt, greedy = ref["prompt_ids"], ref["greedy_ids"]
+    ctx.decode(Batch.from_tokens(prompt))
+    logits = [ctx.get_logits()[-1].copy()]
+    for i, tok in enumerate(greedy[:-1]):
+        assert ctx.decode(Batch.from_tokens([tok], pos0=len(prompt) + i)) == DECODE_OK
+        logits.append(ctx.get_logits()[-1].copy())
+    expected = np.load(SHARED / f"{name}.llamacpp.gen_logits.npy")
+    rel = np.abs(np.array(logits) - expected).max() / np.abs(expected).max()
+    assert rel < (1e-3 if name.endswith("f32") else 5e-2)
+    assert (np.argmax(logits, axis=1) == np.array(greedy)).all()
+    assert {s.backend.name for s in ctx.scheduler.splits} == {"vulkan"}
