@@ -312,11 +312,36 @@ def _convert(p: _Planned, src: np.ndarray, bar) -> np.ndarray:
         r1 = min(n_rows, r0 + step)
         try:
             out[r0:r1] = quantize(dequantize(src[r0:r1], p.in_traits), p.out_traits)
+            _check_finite(out[r0:r1], p.out_traits)
         except QuantizationError as exc:
             raise QuantizationError(f"tensor {p.desc.name!r} ({p.desc.type_name} -> {p.choice.type_name}), "
                                     f"rows {r0}..{r1 - 1}: {exc}") from exc
         bar.update(src[r0:r1].nbytes)
     return out
+
+
+_SCALE_FIELDS = ("d", "m", "dmin")
+
+
+def _check_finite(rows: np.ndarray, traits: TypeTraits) -> None:
+    """Refuse what ggml_validate_row_data refuses: inf/NaN values or fp16 block scales.
+
+    Weights too large for the type's fp16 scales (|x| beyond ~1e6 for Q2_K, 65504 for F16) overflow to
+    inf; llama-quantize stops there ("quantized data validation failed") rather than write them.
+    """
+    if traits.block_dtype is not None:
+        blocks = rows.reshape(-1).view(traits.block_dtype)
+        scales = [blocks[f] for f in _SCALE_FIELDS if f in blocks.dtype.names and blocks.dtype[f] == np.float16]
+        ok = all(np.isfinite(s).all() for s in scales)
+    elif traits.name == "BF16":
+        ok = not ((rows.reshape(-1).view(np.uint16) & 0x7FFF) >= 0x7F80).any()
+    elif traits.numpy_dtype is not None and np.dtype(traits.numpy_dtype).kind == "f":
+        ok = np.isfinite(rows.reshape(-1).view(traits.numpy_dtype)).all()
+    else:
+        return  # a type this check knows nothing of
+    if not ok:
+        raise QuantizationError(f"the values overflow {traits.name} (an inf or NaN scale or value); "
+                                "llama.cpp refuses them too ('quantized data validation failed')")
 
 
 def _result(p: _Planned) -> TensorResult:

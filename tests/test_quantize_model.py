@@ -246,7 +246,8 @@ def row_bytes(t: gguf.ReaderTensor) -> np.ndarray:
     return np.asarray(t.data).view(np.uint8).reshape(int(np.prod(ne[1:])), -1)
 
 
-@pytest.mark.parametrize("mix", ["Q4_K_M", "Q3_K_M", "Q2_K", "Q5_K_S", "Q6_K", "Q8_0", "Q4_0", "Q5_1", "F16", "BF16"])
+# Between them these write every type the mixes use: Q2_K..Q6_K, Q4_0, Q5_1, Q8_0, F16, BF16.
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q3_K_M", "Q2_K", "Q8_0", "Q4_0", "Q5_1", "F16", "BF16"])
 def test_tensor_bytes_are_ggflow_quantize_of_the_input(llama8, quantized, mix):
     out, _ = quantized(llama8, mix)
     src, dst = raw_tensors(llama8), raw_tensors(out)
@@ -257,6 +258,28 @@ def test_tensor_bytes_are_ggflow_quantize_of_the_input(llama8, quantized, mix):
         else:
             floats = ggflow.dequantize(row_bytes(s), s.tensor_type.name)
             np.testing.assert_array_equal(row_bytes(t), ggflow.quantize(floats, t.tensor_type.name), err_msg=name)
+
+
+SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+
+
+# ../shared/models holds tiny models that llama.cpp's llama-quantize wrote from the F32 files beside them.
+@pytest.mark.parametrize("f32, llama_cpp_output, mix", [
+    ("tiny-llama-hs-f32", "tiny-llama-hs-q4_k_m", "Q4_K_M"), ("tiny-llama-hs-f32", "tiny-llama-hs-q4_0", "Q4_0"),
+    ("tiny-llama-hs-f32", "tiny-llama-hs-q8_0", "Q8_0"), ("tiny-qwen2-hs-f32", "tiny-qwen2-hs-q8_0", "Q8_0"),
+    ("tiny-gpt2-hs-f32", "tiny-gpt2-hs-q8_0", "Q8_0"),
+])
+def test_same_tensors_and_metadata_as_llama_quantize(quantized, f32, llama_cpp_output, mix):
+    src, ref = SHARED_MODELS / f"{f32}.gguf", SHARED_MODELS / f"{llama_cpp_output}.gguf"
+    if not (src.exists() and ref.exists()):
+        pytest.skip(f"{SHARED_MODELS} has no {src.name} / {ref.name} (the shared data is not beside the repo)")
+    out, _ = quantized(src, mix)
+    ours, theirs = raw_tensors(out), raw_tensors(ref)
+    assert sorted(ours) == sorted(theirs)
+    for name, t in theirs.items():
+        assert ours[name].tensor_type == t.tensor_type, name
+        assert bytes(row_bytes(ours[name])) == bytes(row_bytes(t)), name
+    assert fields(out) == fields(ref)
 
 
 def test_tensor_order_names_and_shapes_are_kept(tiny_model_path, quantized):
@@ -476,20 +499,42 @@ def test_truncated_input_is_a_load_error_naming_it(tiny_model_path, tmp_path):
     assert not out.exists() and leftovers(tmp_path) == []
 
 
-def test_non_finite_weights_name_the_tensor(tmp_path):
-    src, out = tmp_path / "nan.gguf", tmp_path / "out.gguf"
-    w = gguf.GGUFWriter(str(src), "llama")
+def write_one_matrix(path: Path, data: np.ndarray) -> None:
+    w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
-    bad = np.ones((4, 64), np.float32)
-    bad[2, 5] = np.nan
-    w.add_tensor("blk.0.attn_q.weight", bad)
+    w.add_tensor("blk.0.attn_q.weight", data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def test_non_finite_weights_name_the_tensor(tmp_path):
+    src, out = tmp_path / "nan.gguf", tmp_path / "out.gguf"
+    bad = np.ones((4, 64), np.float32)
+    bad[2, 5] = np.nan
+    write_one_matrix(src, bad)
     with pytest.raises(QuantizationError, match="blk.0.attn_q.weight"):
         quantize_model(src, out, "Q4_0", progress=False)
     assert not out.exists() and leftovers(tmp_path) == []
+
+
+# Values whose scale (or value) overflows the type to inf: ggml_validate_row_data rejects the rows.
+# 1e4 fits Q4_0 (d = 1e4/8 < 65504); 1e30 doesn't. F16's largest finite is 65504.
+@pytest.mark.parametrize("mix, value, fits", [("Q4_0", 1e4, True), ("Q4_0", 1e30, False), ("F16", 6e4, True),
+                                              ("F16", 1e5, False), ("Q2_K", 1e7, False), ("BF16", 3.4e38, False)])
+def test_values_that_overflow_the_type_are_refused_as_llama_cpp_does(tmp_path, mix, value, fits):
+    src, out = tmp_path / "big.gguf", tmp_path / "out.gguf"
+    data = np.ones((4, 256), np.float32)
+    data[1, 3], data[1, 4] = value, -value
+    write_one_matrix(src, data)
+    if fits:
+        quantize_model(src, out, mix, progress=False)
+        assert out.exists()
+    else:
+        with pytest.raises(QuantizationError, match=f"overflow {mix}"):
+            quantize_model(src, out, mix, progress=False)
+        assert not out.exists() and leftovers(tmp_path) == []
 
 
 # -- the command --------------------------------------------------------------------------------
