@@ -13,14 +13,17 @@ Group sizes (products that fit int16, activations |x| <= 127):
   Q2_K quant 0..3: 16 (one scale group)   Q3_K 0..7: 8 (16 would fit; 8 keeps the unrolled loop small)
   Q4_K 0..15: 16   Q5_K 0..31: 8           Q6_K -32..31 (signed): 8
 
-Shift amounts must be compile-time constants: numba computes a shift by a run-time amount in
-64-bit lanes, which costs 4x. Hence the helpers called with literal chunk / half numbers.
+Helpers are inlined into the tile functions (numba IR inlining): compiled on their own, LLVM keeps
+their j loops rolled and does not vectorize the row loops. Shift amounts are literal at every call
+(helpers called with literal chunk / half numbers), which also lets LLVM fold them.
+One parallel driver per type (``mul_mat_<type>``) calls a tile function, as in ``_qmm_legacy``.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field
 from ggflow.backends_builtin.cpu._qmm_layout import TILE, f16_field, tile_rows
 
 F32 = np.float32
@@ -28,6 +31,7 @@ I16 = np.int16
 I32 = np.int32
 R = TILE
 QK = 256
+MATVEC_MAX_TOKENS = 2   # up to this many tokens the one-pass matvec beats decoding into a buffer
 
 
 # ---------------------------------------------------------------------------------------------- packing
@@ -88,15 +92,10 @@ def pack_q6_k(w: np.ndarray, rows: int, k: int) -> tuple:
 
 
 # ---------------------------------------------------------------------------------------- bit helpers
-@njit(cache=True, inline="always")
-def _bits(v, shift, mask):
-    return I16((v >> I16(shift)) & I16(mask))
-
-
-@njit(cache=True, inline="always")
-def _bit_to(v, src, dst):
-    """Bit ``src`` of v moved to bit ``dst`` (LLVM folds the constant shifts to one)."""
-    return I16(((v >> I16(src)) & I16(1)) << I16(dst))
+# (v >> shift) & mask and "bit src to bit dst" on int16, as LLVM intrinsics: no numba inlining
+# at each of their hundreds of call sites, and 16-bit shifts even for run-time amounts
+_bits = field
+_bit_to = bit_to
 
 
 # -------------------------------------------------------------------------------- Q2_K / Q3_K phase 1
@@ -326,81 +325,7 @@ def _store_tile(acc, out, i, t):
         out[i, base + r] = acc[r]
 
 
-# ------------------------------------------------------------------------------------ matvec kernels
-@njit(cache=True, fastmath=False, parallel=True)
-def matvec_q2_k(qs, sc, d, dmin, xq, dy, bsums, out):
-    nt, nb = qs.shape[0], qs.shape[1]
-    for t in prange(nt):
-        part = np.empty((16, R), I16)
-        acc = np.empty(R, F32)
-        for i in range(out.shape[0]):
-            acc[:] = 0
-            for b in range(nb):
-                for q in range(4):
-                    _sum_q2_segment(qs, t, b, xq, i, b * QK, q, part)
-                _acc_q2_k(acc, part, sc[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
-            _store_tile(acc, out, i, t)
-
-
-@njit(cache=True, fastmath=False, parallel=True)
-def matvec_q3_k(qs, hmask, sc, d, xq, dy, bsums, out):
-    nt, nb = qs.shape[0], qs.shape[1]
-    for t in prange(nt):
-        part = np.empty((32, R), I16)
-        acc = np.empty(R, F32)
-        for i in range(out.shape[0]):
-            acc[:] = 0
-            for b in range(nb):
-                _sum_q3_block(qs, hmask, t, b, xq, i, b * QK, part)
-                _acc_q3_k(acc, part, sc[t, b], d[t, b], dy[i, b], bsums, i, b)
-            _store_tile(acc, out, i, t)
-
-
-@njit(cache=True, fastmath=False, parallel=True)
-def matvec_q4_k(qs, sc, mn, d, dmin, xq, dy, bsums, out):
-    nt, nb = qs.shape[0], qs.shape[1]
-    for t in prange(nt):
-        part = np.empty((16, R), I16)
-        acc = np.empty(R, F32)
-        for i in range(out.shape[0]):
-            acc[:] = 0
-            for b in range(nb):
-                for c in range(4):
-                    _sum_q4k_half(qs, t, b, xq, i, b * QK, c, 0, part)
-                    _sum_q4k_half(qs, t, b, xq, i, b * QK, c, 1, part)
-                _acc_k4(acc, part, 2, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
-            _store_tile(acc, out, i, t)
-
-
-@njit(cache=True, fastmath=False, parallel=True)
-def matvec_q5_k(qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
-    nt, nb = qs.shape[0], qs.shape[1]
-    for t in prange(nt):
-        part = np.empty((32, R), I16)
-        acc = np.empty(R, F32)
-        for i in range(out.shape[0]):
-            acc[:] = 0
-            for b in range(nb):
-                _sum_q5k_block(qs, qh, t, b, xq, i, b * QK, part)
-                _acc_k4(acc, part, 4, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
-            _store_tile(acc, out, i, t)
-
-
-@njit(cache=True, fastmath=False, parallel=True)
-def matvec_q6_k(ql, qh, sc, d, xq, dy, bsums, out):
-    nt, nb = ql.shape[0], ql.shape[1]
-    for t in prange(nt):
-        part = np.empty((32, R), I16)
-        acc = np.empty(R, F32)
-        for i in range(out.shape[0]):
-            acc[:] = 0
-            for b in range(nb):
-                _sum_q6_block(ql, qh, t, b, xq, i, b * QK, part)
-                _acc_q6_k(acc, part, sc[t, b], d[t, b], dy[i, b])
-            _store_tile(acc, out, i, t)
-
-
-# ----------------------------------------------------------------------------------- batched kernels
+# -------------------------------------------------------------------------------- batched decoding
 # A super-block of a row tile is decoded once into w (256, R) int16 and multiplied into every token.
 # Decoded values: Q2_K 0..3, Q3_K 0..7 (offset 4 left to bsums), Q4_K 0..15, Q5_K 0..31, Q6_K -32..31.
 
@@ -513,86 +438,147 @@ def _decode_q6_k(ql, qh, t, b, w):
     _decode_q6_k_hs(ql, qh, t, b, 1, 1, w)
 
 
-@njit(cache=True, fastmath=False, parallel=True)
-def matmul_q2_k(qs, sc, d, dmin, xq, dy, bsums, out):
-    nt, nb = qs.shape[0], qs.shape[1]
+
+# ------------------------------------------------------------------------------------ tile kernels
+@njit(cache=True)
+def _tile_q2_k(t, qs, sc, d, dmin, xq, dy, bsums, out):
+    nb = qs.shape[1]
     n = out.shape[0]
-    for t in prange(nt):
+    part = np.empty((16, R), I16)
+    acc = np.zeros((n, R), F32)
+    if n <= MATVEC_MAX_TOKENS:
+        for i in range(n):
+            for b in range(nb):
+                for q in range(4):
+                    _sum_q2_segment(qs, t, b, xq, i, b * QK, q, part)
+                _acc_q2_k(acc[i], part, sc[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
+    else:
         w = np.empty((QK, R), I16)
-        part = np.empty((16, R), I16)
-        acc = np.zeros((n, R), F32)
         for b in range(nb):
             _decode_q2_k(qs, t, b, w)
             for i in range(n):
                 _sum_decoded(w, xq, i, b * QK, 16, part)
                 _acc_q2_k(acc[i], part, sc[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
+    for i in range(n):
+        _store_tile(acc[i], out, i, t)
 
 
-@njit(cache=True, fastmath=False, parallel=True)
-def matmul_q3_k(qs, hmask, sc, d, xq, dy, bsums, out):
-    nt, nb = qs.shape[0], qs.shape[1]
+@njit(cache=True)
+def _tile_q3_k(t, qs, hmask, sc, d, xq, dy, bsums, out):
+    nb = qs.shape[1]
     n = out.shape[0]
-    for t in prange(nt):
+    part = np.empty((32, R), I16)
+    acc = np.zeros((n, R), F32)
+    if n <= MATVEC_MAX_TOKENS:
+        for i in range(n):
+            for b in range(nb):
+                _sum_q3_block(qs, hmask, t, b, xq, i, b * QK, part)
+                _acc_q3_k(acc[i], part, sc[t, b], d[t, b], dy[i, b], bsums, i, b)
+    else:
         w = np.empty((QK, R), I16)
-        part = np.empty((32, R), I16)
-        acc = np.zeros((n, R), F32)
         for b in range(nb):
             _decode_q3_k(qs, hmask, t, b, w)
             for i in range(n):
                 _sum_decoded(w, xq, i, b * QK, 8, part)
                 _acc_q3_k(acc[i], part, sc[t, b], d[t, b], dy[i, b], bsums, i, b)
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
+    for i in range(n):
+        _store_tile(acc[i], out, i, t)
 
 
-@njit(cache=True, fastmath=False, parallel=True)
-def matmul_q4_k(qs, sc, mn, d, dmin, xq, dy, bsums, out):
-    nt, nb = qs.shape[0], qs.shape[1]
+@njit(cache=True)
+def _tile_q4_k(t, qs, sc, mn, d, dmin, xq, dy, bsums, out):
+    nb = qs.shape[1]
     n = out.shape[0]
-    for t in prange(nt):
+    part = np.empty((16, R), I16)
+    acc = np.zeros((n, R), F32)
+    if n <= MATVEC_MAX_TOKENS:
+        for i in range(n):
+            for b in range(nb):
+                for c in range(4):
+                    _sum_q4k_half(qs, t, b, xq, i, b * QK, c, 0, part)
+                    _sum_q4k_half(qs, t, b, xq, i, b * QK, c, 1, part)
+                _acc_k4(acc[i], part, 2, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
+    else:
         w = np.empty((QK, R), I16)
-        part = np.empty((16, R), I16)
-        acc = np.zeros((n, R), F32)
         for b in range(nb):
             _decode_q4_k(qs, t, b, w)
             for i in range(n):
                 _sum_decoded(w, xq, i, b * QK, 16, part)
                 _acc_k4(acc[i], part, 2, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
+    for i in range(n):
+        _store_tile(acc[i], out, i, t)
 
 
-@njit(cache=True, fastmath=False, parallel=True)
-def matmul_q5_k(qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
-    nt, nb = qs.shape[0], qs.shape[1]
+@njit(cache=True)
+def _tile_q5_k(t, qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
+    nb = qs.shape[1]
     n = out.shape[0]
-    for t in prange(nt):
+    part = np.empty((32, R), I16)
+    acc = np.zeros((n, R), F32)
+    if n <= MATVEC_MAX_TOKENS:
+        for i in range(n):
+            for b in range(nb):
+                _sum_q5k_block(qs, qh, t, b, xq, i, b * QK, part)
+                _acc_k4(acc[i], part, 4, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
+    else:
         w = np.empty((QK, R), I16)
-        part = np.empty((32, R), I16)
-        acc = np.zeros((n, R), F32)
         for b in range(nb):
             _decode_q5_k(qs, qh, t, b, w)
             for i in range(n):
                 _sum_decoded(w, xq, i, b * QK, 8, part)
                 _acc_k4(acc[i], part, 4, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
+    for i in range(n):
+        _store_tile(acc[i], out, i, t)
 
 
-@njit(cache=True, fastmath=False, parallel=True)
-def matmul_q6_k(ql, qh, sc, d, xq, dy, bsums, out):
-    nt, nb = ql.shape[0], ql.shape[1]
+@njit(cache=True)
+def _tile_q6_k(t, ql, qh, sc, d, xq, dy, bsums, out):
+    nb = ql.shape[1]
     n = out.shape[0]
-    for t in prange(nt):
+    part = np.empty((32, R), I16)
+    acc = np.zeros((n, R), F32)
+    if n <= MATVEC_MAX_TOKENS:
+        for i in range(n):
+            for b in range(nb):
+                _sum_q6_block(ql, qh, t, b, xq, i, b * QK, part)
+                _acc_q6_k(acc[i], part, sc[t, b], d[t, b], dy[i, b])
+    else:
         w = np.empty((QK, R), I16)
-        part = np.empty((32, R), I16)
-        acc = np.zeros((n, R), F32)
         for b in range(nb):
             _decode_q6_k(ql, qh, t, b, w)
             for i in range(n):
                 _sum_decoded(w, xq, i, b * QK, 8, part)
                 _acc_q6_k(acc[i], part, sc[t, b], d[t, b], dy[i, b])
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
+    for i in range(n):
+        _store_tile(acc[i], out, i, t)
+
+
+# -------------------------------------------------------------------------------- parallel drivers
+@njit(cache=True, parallel=True)
+def mul_mat_q2_k(qs, sc, d, dmin, xq, dy, bsums, out):
+    for t in prange(qs.shape[0]):
+        _tile_q2_k(t, qs, sc, d, dmin, xq, dy, bsums, out)
+
+
+@njit(cache=True, parallel=True)
+def mul_mat_q3_k(qs, hmask, sc, d, xq, dy, bsums, out):
+    for t in prange(qs.shape[0]):
+        _tile_q3_k(t, qs, hmask, sc, d, xq, dy, bsums, out)
+
+
+@njit(cache=True, parallel=True)
+def mul_mat_q4_k(qs, sc, mn, d, dmin, xq, dy, bsums, out):
+    for t in prange(qs.shape[0]):
+        _tile_q4_k(t, qs, sc, mn, d, dmin, xq, dy, bsums, out)
+
+
+@njit(cache=True, parallel=True)
+def mul_mat_q5_k(qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
+    for t in prange(qs.shape[0]):
+        _tile_q5_k(t, qs, qh, sc, mn, d, dmin, xq, dy, bsums, out)
+
+
+@njit(cache=True, parallel=True)
+def mul_mat_q6_k(ql, qh, sc, d, xq, dy, bsums, out):
+    for t in prange(ql.shape[0]):
+        _tile_q6_k(t, ql, qh, sc, d, xq, dy, bsums, out)

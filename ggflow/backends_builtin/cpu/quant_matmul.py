@@ -51,11 +51,11 @@ _QUANT: dict[str, _QuantKernels] = {
     "Q5_0": _QuantKernels(32, 22, "Q8_0", leg.pack_q5_0, leg.mul_mat_q5_0, leg.mul_mat_q5_0),
     "Q5_1": _QuantKernels(32, 24, "Q8_1", leg.pack_q5_1, leg.mul_mat_q5_1, leg.mul_mat_q5_1),
     "Q8_0": _QuantKernels(32, 34, "Q8_0", leg.pack_q8_0, leg.mul_mat_q8_0, leg.mul_mat_q8_0),
-    "Q2_K": _QuantKernels(256, 84, "Q8_K", kq.pack_q2_k, kq.matvec_q2_k, kq.matmul_q2_k),
-    "Q3_K": _QuantKernels(256, 110, "Q8_K", kq.pack_q3_k, kq.matvec_q3_k, kq.matmul_q3_k),
-    "Q4_K": _QuantKernels(256, 144, "Q8_K", kq.pack_q4_k, kq.matvec_q4_k, kq.matmul_q4_k),
-    "Q5_K": _QuantKernels(256, 176, "Q8_K", kq.pack_q5_k, kq.matvec_q5_k, kq.matmul_q5_k),
-    "Q6_K": _QuantKernels(256, 210, "Q8_K", kq.pack_q6_k, kq.matvec_q6_k, kq.matmul_q6_k),
+    "Q2_K": _QuantKernels(256, 84, "Q8_K", kq.pack_q2_k, kq.mul_mat_q2_k, kq.mul_mat_q2_k),
+    "Q3_K": _QuantKernels(256, 110, "Q8_K", kq.pack_q3_k, kq.mul_mat_q3_k, kq.mul_mat_q3_k),
+    "Q4_K": _QuantKernels(256, 144, "Q8_K", kq.pack_q4_k, kq.mul_mat_q4_k, kq.mul_mat_q4_k),
+    "Q5_K": _QuantKernels(256, 176, "Q8_K", kq.pack_q5_k, kq.mul_mat_q5_k, kq.mul_mat_q5_k),
+    "Q6_K": _QuantKernels(256, 210, "Q8_K", kq.pack_q6_k, kq.mul_mat_q6_k, kq.mul_mat_q6_k),
 }
 
 # element dtype, bytes per element, kernel, activation rounding
