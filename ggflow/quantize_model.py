@@ -13,6 +13,7 @@ renamed over OUT only once it is complete: an error or Ctrl-C leaves OUT as it w
 """
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import time
@@ -142,7 +143,7 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     writer = None
     try:
         writer = _start_writer(tmp, reader, facts.arch, mix, plan)
-        report.tensors = _write_tensors(writer, reader, plan, mix, progress)
+        report.tensors = _write_tensors(writer, in_path, plan, mix, progress)
         writer.close()
         _fsync(tmp)
         os.replace(tmp, out_path)
@@ -279,28 +280,58 @@ def _field_value(reader: gguf.GGUFReader, key: str, fld: Any) -> tuple[Any, Any,
     return items, vtype, sub
 
 
-def _write_tensors(writer, reader: gguf.GGUFReader, plan: list[_Planned], mix: Mix,
+def _write_tensors(writer: gguf.GGUFWriter, in_path: str, plan: list[_Planned], mix: Mix,
                    progress: bool) -> list[TensorResult]:
     from tqdm import tqdm
 
     results = []
     total = sum(int(p.tensor.n_bytes) for p in plan)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"quantizing to {mix.name}", file=sys.stderr,
-              disable=not progress, leave=False) as bar:
+    with _InputData(in_path) as data, tqdm(total=total, unit="B", unit_scale=True, desc=f"quantizing to {mix.name}",
+                                            file=sys.stderr, disable=not progress, leave=False) as bar:
         for p in plan:
             bar.set_postfix_str(p.desc.name, refresh=False)
-            src = _tensor_bytes(reader, p)
+            offset, n = int(p.tensor.data_offset), int(p.tensor.n_bytes)
+            src = data.rows(offset, n, _n_rows(p.desc.ne))
             writer.write_tensor_data(_convert(p, src, bar) if p.converts else src)
             if not p.converts:
-                bar.update(src.nbytes)
+                bar.update(n)
+            del src
+            data.release(offset, n)
             results.append(_result(p))
     return results
 
 
-def _tensor_bytes(reader: gguf.GGUFReader, p: _Planned) -> np.ndarray:
-    """The tensor's bytes in the memory-mapped input, one row of bytes per row."""
-    offset, n = int(p.tensor.data_offset), int(p.tensor.n_bytes)
-    return np.asarray(reader.data[offset:offset + n]).view(np.uint8).reshape(_n_rows(p.desc.ne), -1)
+class _InputData:
+    """The input's bytes, memory-mapped, with the pages of finished tensors handed back.
+
+    The pages are file-backed, so the kernel could drop them anyway, but until it does they count in
+    the process's resident size: without release() a run would look as large as the whole input
+    (llama.cpp unmaps each weight after use for the same reason).
+    """
+
+    def __init__(self, path: str):
+        with open(path, "rb") as f:
+            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._bytes = np.frombuffer(self._mm, dtype=np.uint8)
+
+    def rows(self, offset: int, n: int, n_rows: int) -> np.ndarray:
+        """The n bytes at offset, one row of bytes per tensor row."""
+        return self._bytes[offset:offset + n].reshape(n_rows, -1)
+
+    def release(self, offset: int, n: int) -> None:
+        if hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_DONTNEED") and n:
+            start = offset - offset % mmap.PAGESIZE
+            self._mm.madvise(mmap.MADV_DONTNEED, start, offset + n - start)
+
+    def __enter__(self) -> "_InputData":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        del self._bytes
+        try:
+            self._mm.close()
+        except BufferError:  # a view is still alive (in an exception's traceback): the GC unmaps it later
+            pass
 
 
 def _convert(p: _Planned, src: np.ndarray, bar) -> np.ndarray:
