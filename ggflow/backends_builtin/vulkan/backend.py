@@ -15,7 +15,7 @@ from typing import ClassVar, Mapping, Sequence
 from ggflow.backends_builtin.vulkan.buffers import DeviceBuffer
 from ggflow.backends_builtin.vulkan.device import VulkanDevice, VulkanUnavailable, device_if_available, get_device
 from ggflow.backends_builtin.vulkan.dispatch import fit
-from ggflow.backends_builtin.vulkan.kernels import BuildContext, OpKernel, addressable, all_kernels
+from ggflow.backends_builtin.vulkan.kernels import BuildContext, OpKernel, addressable, all_kernels, row_fits
 from ggflow.backends_builtin.vulkan.pipelines import pipelines_for
 from ggflow.backends_builtin.vulkan.plan import VulkanPlan
 from ggflow.core.backend import Availability, Backend
@@ -74,9 +74,10 @@ class VulkanBackend(Backend, metaclass=_DevicePriority):
         if node.op in NOTHING_TO_RUN or node.nelements == 0:
             return True
         kernel = self.kernels.get(node.op)
-        if kernel is None or not addressable(node):
+        limits = self.device.limits
+        if kernel is None or not all(addressable(t) and row_fits(t, limits) for t in (node, *node.src)):
             return False
-        return kernel.supports(node, self.device.limits)
+        return kernel.supports(node, limits)
 
     def compile(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> VulkanPlan:
         runnable = [n for n in nodes if n.op not in NOTHING_TO_RUN and n.nelements > 0]

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable
 
+from ggflow.errors import BackendError
+
 ENV_DEVICE = "GGFLOW_VULKAN_DEVICE"
 API_VERSION = (1, 2, 0)
 MIN_WORKGROUP_INVOCATIONS = 256       # the tiled matmul runs 16 x 16 threads
@@ -187,9 +189,13 @@ class VulkanDevice:
         """Run a prepared VkSubmitInfo and wait for it (every compute here is synchronous)."""
         vk = self.vk
         with self.lock:
-            vk.vkQueueSubmit(self.queue, 1, submit_info, self.fence)
-            vk.vkWaitForFences(self.handle, 1, self._fence_array, vk.VK_TRUE, 0xFFFFFFFFFFFFFFFF)
-            vk.vkResetFences(self.handle, 1, self._fence_array)
+            try:
+                vk.vkQueueSubmit(self.queue, 1, submit_info, self.fence)
+                vk.vkWaitForFences(self.handle, 1, self._fence_array, vk.VK_TRUE, 0xFFFFFFFFFFFFFFFF)
+                vk.vkResetFences(self.handle, 1, self._fence_array)
+            except vk.VkError as exc:   # device lost, out of memory: the driver's word, as a ggflow error
+                raise BackendError(f"vulkan: running commands on {self.info.name} failed: "
+                                   f"{type(exc).__name__}") from exc
 
     def allocate_command_buffer(self) -> Any:
         vk = self.vk

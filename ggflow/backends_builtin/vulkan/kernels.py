@@ -59,9 +59,15 @@ def float_suffix(t: Tensor) -> str:
 
 
 def addressable(t: Tensor) -> bool:
-    """Strides a shader can walk: whole units (elements, or 16-bit words of blocks), non-negative."""
+    """Offsets and strides a shader can walk: whole units (elements, or 16-bit words of blocks)."""
     unit = unit_of(t.type)
-    return all(n >= 0 and n % unit == 0 for n in t.nb)
+    return all(n >= 0 and n % unit == 0 for n in t.nb) and t.base_offset() % unit == 0
+
+
+def row_fits(t: Tensor, limits: Limits) -> bool:
+    """Kernels split work between rows, never inside one: a row (dim 0) must fit one binding."""
+    span = (t.ne[0] // t.type.block_size - 1) * t.nb[0] + t.type.type_size
+    return span + limits.min_offset_alignment + 4 <= limits.max_storage_range
 
 
 def all_kernels() -> dict[str, OpKernel]:

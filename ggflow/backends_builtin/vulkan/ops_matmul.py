@@ -47,7 +47,7 @@ def supports_mul_mat(node: Tensor, limits) -> bool:
         return False
     if a.type.is_quantized and (a.nb[0] != a.type.type_size or a.ne[0] % 16):
         return False   # the kernels read whole blocks along a row, 16 values at a time
-    return a.nb[1] * 2 <= limits.max_storage_range
+    return a.nb[1] * 2 <= limits.max_storage_range   # slices of rows of a must fit a binding
 
 
 def scratch_bytes(node: Tensor) -> int:

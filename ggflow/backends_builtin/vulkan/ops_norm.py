@@ -12,15 +12,10 @@ from ggflow.backends_builtin.vulkan.kernels import BuildContext, OpKernel, addre
 from ggflow.core.tensor import Tensor
 
 
-def row_fits(t: Tensor, limits) -> bool:
-    """A row kernel binds at least one whole row of each tensor."""
-    return t.ne[0] * t.nb[0] <= limits.max_storage_range // 2
-
-
 # -- rms_norm, norm --------------------------------------------------------------------------------------
 def supports_norm(node: Tensor, limits) -> bool:
     (a,) = node.src
-    return a.type.name == "F32" and node.type.name == "F32" and addressable(a) and row_fits(a, limits)
+    return a.type.name == "F32" and node.type.name == "F32" and addressable(a)
 
 
 def build_norm(node: Tensor, ctx: BuildContext) -> list[Work]:
@@ -36,7 +31,7 @@ def build_norm(node: Tensor, ctx: BuildContext) -> list[Work]:
 # -- soft_max ----------------------------------------------------------------------------------------------
 def supports_soft_max(node: Tensor, limits) -> bool:
     a = node.src[0]
-    ok = a.type.name == "F32" and node.type.name == "F32" and addressable(a) and row_fits(a, limits)
+    ok = a.type.name == "F32" and node.type.name == "F32" and addressable(a)
     if len(node.src) > 1:
         mask = node.src[1]
         ok = ok and mask.type.name in ("F32", "F16") and addressable(mask)
