@@ -202,7 +202,7 @@ def test_batched_path_gives_the_matvec_results_bit_for_bit(w_type):
     q, _ = weight(w_type, 70, k, seed=7)
     pw = qmm.pack_weight(q, w_type)
     x = activations(9, k, seed=8)
-    batched = run(pw, x)                        # the tile-decoding batched kernel
+    batched = run(pw, x)                        # 9 tokens: the tile-decoding batched path
     one_by_one = np.concatenate([run(pw, x[i:i + 1]) for i in range(9)])
     np.testing.assert_array_equal(batched, one_by_one)
 
@@ -301,7 +301,7 @@ def test_activations_of_the_wrong_width_are_refused():
 def test_kernels_are_cached_on_disk():
     """Every kernel is @njit(cache=True): a cold compile costs seconds per kernel, a cache load ms."""
     from numba.core.caching import NullCache
-    kernels = [k.matvec for k in qmm._QUANT.values()] + [k.matmul for k in qmm._QUANT.values()]
+    kernels = [k.kernel for k in qmm._QUANT.values()]
     kernels += [spec[2] for spec in qmm._FLOAT.values()]
     kernels += [act.quantize_q8_0, act.quantize_q8_1, act.quantize_q8_K]
     assert all(not isinstance(k._cache, NullCache) for k in kernels)

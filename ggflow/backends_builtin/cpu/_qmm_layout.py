@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 
-TILE = 64  # rows per tile; 64 keeps 4 ymm accumulators of int16 busy without spilling
+# Rows per tile. The kernel modules compile it in as a constant, and numba's on-disk cache only
+# notices edits to a kernel's own file: change it here and the kernels keep their cached copies
+# with the old tile. Each kernel module therefore states the tile it was written for and checks
+# it against this one at import (see check_tile).
+TILE = 64
+
+
+def check_tile(module_tile: int, module: str) -> None:
+    if module_tile != TILE:
+        raise ImportError(f"{module} is compiled for {module_tile}-row tiles but _qmm_layout.TILE is {TILE}: "
+                          f"change both (and numba's cache of {module} is then rebuilt)")
 
 
 def n_tiles(rows: int) -> int:

@@ -30,12 +30,13 @@ import numpy as np
 from numba import njit, prange
 
 from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8
-from ggflow.backends_builtin.cpu._qmm_layout import TILE, f16_field, tile_rows
+from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_field, tile_rows
 
 F32 = np.float32
 I16 = np.int16
 I32 = np.int32
-R = TILE
+R = 64     # rows per tile, a compile-time constant of every kernel here (see _qmm_layout.TILE)
+check_tile(R, __name__)
 MATVEC_MAX_TOKENS = 2   # up to this many tokens the one-pass matvec beats decoding into a buffer
 
 

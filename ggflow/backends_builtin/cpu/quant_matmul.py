@@ -12,9 +12,10 @@ Quantized weights are repacked once into a row-tiled layout (see ``_qmm_layout``
 the size of the GGUF data, with the f16 scales widened to f32; the mmap'd bytes are not kept.
 F32/F16/BF16 weights are used in place (a reference to ``w``, no copy).
 
-n == 1 (decode) and small n run the matvec kernels (one decode-and-multiply pass per token); larger n
-runs the batched kernels, which decode each block of a row tile once and reuse it for all tokens.
-Threads: numba's prange, as many as ``numba.set_num_threads`` allows.
+n == 1 (decode) and small n take the matvec path (one decode-and-multiply pass per token); larger n
+the batched one, which decodes each block of a row tile once and reuses it for all tokens (the
+switch is inside each type's kernel, ``MATVEC_MAX_TOKENS`` of its module).
+Threads: numba's prange over row tiles, as many as ``numba.set_num_threads`` allows.
 """
 from __future__ import annotations
 
@@ -30,32 +31,26 @@ from ggflow.backends_builtin.cpu import _qmm_legacy as leg
 from ggflow.backends_builtin.cpu._qmm_layout import TILE
 from ggflow.errors import BackendError, ShapeError
 
-# Up to this many tokens the matvec kernels win: the batched kernels' decode into a tile buffer
-# only pays off once it is reused by a few tokens.
-MATVEC_MAX_TOKENS = 2
-
-
 @dataclass(frozen=True)
 class _QuantKernels:
     block_size: int
     type_size: int
     vec_dot_type: str                    # "Q8_0" | "Q8_1" | "Q8_K"
     pack: Callable[[np.ndarray, int, int], tuple]
-    matvec: Callable
-    matmul: Callable
+    kernel: Callable                     # (*packed arrays, *quantized activations, out) -> None
 
 
 _QUANT: dict[str, _QuantKernels] = {
-    "Q4_0": _QuantKernels(32, 18, "Q8_0", leg.pack_q4_0, leg.mul_mat_q4_0, leg.mul_mat_q4_0),
-    "Q4_1": _QuantKernels(32, 20, "Q8_1", leg.pack_q4_1, leg.mul_mat_q4_1, leg.mul_mat_q4_1),
-    "Q5_0": _QuantKernels(32, 22, "Q8_0", leg.pack_q5_0, leg.mul_mat_q5_0, leg.mul_mat_q5_0),
-    "Q5_1": _QuantKernels(32, 24, "Q8_1", leg.pack_q5_1, leg.mul_mat_q5_1, leg.mul_mat_q5_1),
-    "Q8_0": _QuantKernels(32, 34, "Q8_0", leg.pack_q8_0, leg.mul_mat_q8_0, leg.mul_mat_q8_0),
-    "Q2_K": _QuantKernels(256, 84, "Q8_K", kq.pack_q2_k, kq.mul_mat_q2_k, kq.mul_mat_q2_k),
-    "Q3_K": _QuantKernels(256, 110, "Q8_K", kq.pack_q3_k, kq.mul_mat_q3_k, kq.mul_mat_q3_k),
-    "Q4_K": _QuantKernels(256, 144, "Q8_K", kq.pack_q4_k, kq.mul_mat_q4_k, kq.mul_mat_q4_k),
-    "Q5_K": _QuantKernels(256, 176, "Q8_K", kq.pack_q5_k, kq.mul_mat_q5_k, kq.mul_mat_q5_k),
-    "Q6_K": _QuantKernels(256, 210, "Q8_K", kq.pack_q6_k, kq.mul_mat_q6_k, kq.mul_mat_q6_k),
+    "Q4_0": _QuantKernels(32, 18, "Q8_0", leg.pack_q4_0, leg.mul_mat_q4_0),
+    "Q4_1": _QuantKernels(32, 20, "Q8_1", leg.pack_q4_1, leg.mul_mat_q4_1),
+    "Q5_0": _QuantKernels(32, 22, "Q8_0", leg.pack_q5_0, leg.mul_mat_q5_0),
+    "Q5_1": _QuantKernels(32, 24, "Q8_1", leg.pack_q5_1, leg.mul_mat_q5_1),
+    "Q8_0": _QuantKernels(32, 34, "Q8_0", leg.pack_q8_0, leg.mul_mat_q8_0),
+    "Q2_K": _QuantKernels(256, 84, "Q8_K", kq.pack_q2_k, kq.mul_mat_q2_k),
+    "Q3_K": _QuantKernels(256, 110, "Q8_K", kq.pack_q3_k, kq.mul_mat_q3_k),
+    "Q4_K": _QuantKernels(256, 144, "Q8_K", kq.pack_q4_k, kq.mul_mat_q4_k),
+    "Q5_K": _QuantKernels(256, 176, "Q8_K", kq.pack_q5_k, kq.mul_mat_q5_k),
+    "Q6_K": _QuantKernels(256, 210, "Q8_K", kq.pack_q6_k, kq.mul_mat_q6_k),
 }
 
 # element dtype, bytes per element, kernel, activation rounding
@@ -140,9 +135,7 @@ def mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
         kernel(pw.arrays[0], rounding(x) if rounding else x, target)
     else:
         kern = _QUANT[pw.w_type]
-        qx = quantize_activations(x, kern.vec_dot_type)
-        kernel = kern.matvec if n <= MATVEC_MAX_TOKENS else kern.matmul
-        kernel(*pw.arrays, *qx, target)
+        kern.kernel(*pw.arrays, *quantize_activations(x, kern.vec_dot_type), target)
     if target is not out:
         out[...] = target
 
