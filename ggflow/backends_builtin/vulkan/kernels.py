@@ -23,8 +23,7 @@ class BuildContext:
     device: VulkanDevice
     pipelines: PipelineCache
     substitutes: Mapping[Tensor, Tensor]
-    scratch_needs: list[int] = field(default_factory=list)   # bytes asked for by builders, in order
-    scratch: DeviceBuffer | None = None
+    scratch: DeviceBuffer | None = None                        # as large as the split's OpKernel.scratch asks
     state: dict[str, Any] = field(default_factory=dict)        # builders' memo across the nodes of a split
 
     @property
@@ -71,14 +70,8 @@ def row_fits(t: Tensor, limits: Limits) -> bool:
 
 
 def all_kernels() -> dict[str, OpKernel]:
-    from ggflow.backends_builtin.vulkan import ops_elementwise
+    from ggflow.backends_builtin.vulkan import ops_elementwise, ops_matmul, ops_norm, ops_rope, ops_rows
     table: dict[str, OpKernel] = {}
-    for module in (ops_elementwise,):
-        table.update(module.KERNELS)
-    for optional in ("ops_norm", "ops_rope", "ops_rows", "ops_matmul"):
-        try:
-            module = __import__(f"ggflow.backends_builtin.vulkan.{optional}", fromlist=["KERNELS"])
-        except ModuleNotFoundError:
-            continue
+    for module in (ops_elementwise, ops_norm, ops_rope, ops_rows, ops_matmul):
         table.update(module.KERNELS)
     return table
