@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Iterable, Sequence
 
 from ggflow.core.types import type_traits
-from ggflow.errors import UnknownNameError
+from ggflow.errors import ModelLoadError, UnknownNameError
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,6 @@ def _layer_of(counter: int, name: str, facts: ModelFacts) -> int:
         return counter
     m = _BLK.match(name)
     if m is None or not 0 <= int(m.group(1)) < facts.n_layer:
-        from ggflow.errors import ModelLoadError
         raise ModelLoadError(f"cannot tell the layer of tensor {name!r} (expected blk.N. with N < {facts.n_layer})")
     return int(m.group(1))
 
@@ -292,7 +291,8 @@ def _processing_order(tensors: Sequence[TensorDesc]) -> list[TensorDesc]:
     return sorted(tensors, key=key)
 
 
-def choose_types(tensors: Iterable[TensorDesc], mix: Mix, facts: ModelFacts, pure: bool = False) -> dict[str, TypeChoice]:
+def choose_types(tensors: Iterable[TensorDesc], mix: Mix, facts: ModelFacts,
+                 pure: bool = False) -> dict[str, TypeChoice]:
     """name -> the output type of every tensor. pure: every quantizable tensor in the base type."""
     tensors = list(tensors)
     st = _Counters(tensors, facts)

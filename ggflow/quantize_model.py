@@ -138,7 +138,7 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     facts = _model_facts(reader, in_path)
     plan = _plan(reader, mix, facts, pure)
     _check_output_path(out_path)
-    report = QuantizeReport(in_path, str(out_path), mix.name, mix.ftype, pure)
+    report = QuantizeReport(in_path, str(out_path), mix.name, mix.ftype, pure, in_size=os.path.getsize(in_path))
     tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
     writer = None
     try:
@@ -152,7 +152,7 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
             writer.close()
         tmp.unlink(missing_ok=True)
         raise
-    report.in_size, report.out_size = os.path.getsize(in_path), os.path.getsize(out_path)
+    report.out_size = os.path.getsize(out_path)  # in_size was taken before: OUT may have replaced IN
     report.seconds = time.perf_counter() - start
     return report
 

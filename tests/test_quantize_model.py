@@ -7,7 +7,6 @@ same bytes, and the metadata was the same (docs/quantization.md, "Quantizing a m
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import gguf
@@ -488,6 +487,15 @@ def test_success_replaces_an_existing_output(tiny_model_path, tmp_path):
     out.write_bytes(b"previous model")
     quantize_model(tiny_model_path("llama"), out, "Q8_0", progress=False)
     assert gguf.GGUFReader(out).tensors and leftovers(tmp_path) == []
+
+
+def test_output_may_replace_the_input(tiny_model_path, tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(Path(tiny_model_path("llama")).read_bytes())
+    size = path.stat().st_size
+    report = quantize_model(path, path, "Q8_0", progress=False)
+    assert report.in_size == size and report.out_size == path.stat().st_size < size
+    assert set(tensor_types(path).values()) == {"Q8_0", "F32"} and leftovers(tmp_path) == []
 
 
 def test_truncated_input_is_a_load_error_naming_it(tiny_model_path, tmp_path):
