@@ -140,16 +140,15 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     _check_output_path(out_path)
     report = QuantizeReport(in_path, str(out_path), mix.name, mix.ftype, pure, in_size=os.path.getsize(in_path))
     tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    writer = None
+    writer = _Writer(str(tmp), facts.arch)  # opens no file until its header is written
     try:
-        writer = _start_writer(tmp, reader, facts.arch, mix, plan)
+        _write_header(writer, reader, mix, plan)
         report.tensors = _write_tensors(writer, in_path, plan, mix, progress)
         writer.close()
         _fsync(tmp)
         os.replace(tmp, out_path)
     except BaseException:  # Ctrl-C too: never leave a partial file behind
-        if writer is not None:
-            writer.close()
+        writer.close()
         tmp.unlink(missing_ok=True)
         raise
     report.out_size = os.path.getsize(out_path)  # in_size was taken before: OUT may have replaced IN
@@ -240,9 +239,8 @@ def _check_output_path(out_path: Path) -> None:
 
 
 # -- planning and writing -------------------------------------------------------------------------------------
-def _start_writer(tmp: Path, reader: gguf.GGUFReader, arch: str, mix: Mix, plan: list[_Planned]):
-    """A GGUFWriter on tmp with the metadata and tensor infos written, ready for tensor data."""
-    writer = _Writer(str(tmp), arch)
+def _write_header(writer: gguf.GGUFWriter, reader: gguf.GGUFReader, mix: Mix, plan: list[_Planned]) -> None:
+    """Write the metadata and the tensor infos: the writer is then ready for tensor data."""
     writer.data_alignment = reader.alignment
     for key, fld in reader.fields.items():
         if key.startswith("GGUF.") or key in ("general.architecture",) + _DROPPED_KEYS + _REWRITTEN_KEYS:
@@ -258,7 +256,6 @@ def _start_writer(tmp: Path, reader: gguf.GGUFReader, arch: str, mix: Mix, plan:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    return writer
 
 
 def _field_value(reader: gguf.GGUFReader, key: str, fld: Any) -> tuple[Any, Any, Any]:
