@@ -20,6 +20,7 @@ SHADERS = Path(__file__).resolve().parents[1] / "ggflow" / "backends_builtin" / 
 GLSLC_FLAGS = ["--target-env=vulkan1.2", "-O"]
 
 FLOATS = {"f32": "float", "f16": "float16_t"}
+QUANTIZABLE = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")   # types set_rows can write (a quantized KV cache)
 WEIGHT_TYPES = ("f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 
 
@@ -50,6 +51,9 @@ def variants() -> dict[str, tuple[str, dict[str, str]]]:
             out[f"copy_reshape_{a}_{d}"] = ("copy.comp", {"A_TYPE": FLOATS[a], "D_TYPE": FLOATS[d],
                                                           "RESHAPE": "1"})
             out[f"set_rows_{a}_{d}"] = ("set_rows.comp", {"A_TYPE": FLOATS[a], "D_TYPE": FLOATS[d]})
+    out["copy_raw16"] = ("copy.comp", {"A_TYPE": "uint16_t", "D_TYPE": "uint16_t", "RAW": "1"})
+    for q in QUANTIZABLE:
+        out[f"set_rows_f32_{q}"] = ("set_rows_quant.comp", {f"D_{q.upper()}": "1"})
     for w in WEIGHT_TYPES:
         out[f"get_rows_{w}"] = ("get_rows.comp", _weight_defines(w))
         out[f"mul_mat_vec_{w}"] = ("mul_mat_vec.comp", _weight_defines(w))

@@ -98,12 +98,14 @@ def test_a_run_with_some_ops_forced_to_the_cpu_gives_the_same_results(tiny_model
     assert "mul_mat" in where["vulkan"] and len([s for s in ctx.scheduler.splits]) > 4
 
 
-def test_shifted_positions_rerotate_the_cached_keys_on_vulkan(tiny_model_path):
-    """seq_add moves cached positions; the K-shift graph (rope of an F16 cache view) runs on Vulkan."""
+@pytest.mark.parametrize("type_k", ["F16", "Q8_0"])
+def test_shifted_positions_rerotate_the_cached_keys_on_vulkan(tiny_model_path, type_k):
+    """seq_add moves cached positions; the K-shift graph (rope of a cache view) runs on Vulkan. A Q8_0 K
+    cache is written by set_rows' quantizing kernel, its view copied bit for bit, rope'd on the CPU."""
     path = tiny_model_path("qwen2", "F32")
     results = []
     for backends in ("cpu", ["vulkan"]):
-        ctx = Context(Model.load(path), n_ctx=64, backends=backends)
+        ctx = Context(Model.load(path), n_ctx=64, backends=backends, type_k=type_k)
         ctx.decode(Batch.from_tokens(PROMPT))
         ctx.kv.seq_rm(0, 2, 4)
         ctx.kv.seq_add(0, 4, -1, -2)

@@ -168,6 +168,32 @@ def test_set_rows_writes_rows_at_ids(types):
     check(build, inputs, "set_rows", 0.0)
 
 
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+def test_set_rows_quantizes_into_a_quantized_cache_bit_for_bit(type_name):
+    rows = randn(5, 256) * np.exp(randn(5, 1) * 2)
+    rows[0, :32] = 0.0                                    # an all-zero block
+    rows[1, :32] = np.linspace(-1, 1, 32)                 # ties and exact steps
+    rows[2, 40], rows[2, 50] = 3.0, -3.0                  # equal magnitudes: ggml keeps the first
+
+    def build():
+        cache = ops.new_input(type_name, (256, 12), "cache")
+        src, ids = ops.new_input("F32", (256, 5), "src"), ops.new_input("I32", (5,), "ids")
+        return {"cache": cache, "src": src, "ids": ids}, [ops.set_rows(cache, src, ids)]
+    inputs = {"cache": quantize(randn(12, 256), type_name), "src": rows,
+              "ids": np.array([11, 0, 4, 7, 2], np.int32)}
+    check(build, inputs, "set_rows", 0.0)
+
+
+def test_a_quantized_view_copies_bit_for_bit():
+    def build():
+        q = ops.new_input("Q8_0", (64, 6, 2), "q")
+        d = ops.new_input("Q8_0", (64, 3, 2), "d")
+        part = ops.view(q, (64, 3, 2), (q.nb[0], q.nb[1] * 2, q.nb[2]), q.nb[1])   # odd rows of q
+        return {"q": q, "d": d}, [ops.cont(part), ops.cpy(part, d)]
+    inputs = {"q": quantize(randn(12, 64), "Q8_0"), "d": quantize(np.zeros((6, 64), np.float32), "Q8_0")}
+    check(build, inputs, "cpy", 0.0)
+
+
 @pytest.mark.parametrize("types", [("F32", "F32"), ("F32", "F16"), ("F16", "F32"), ("F16", "F16")])
 def test_cont_of_a_permuted_view_and_cpy_between_types(types):
     a_type, d_type = types

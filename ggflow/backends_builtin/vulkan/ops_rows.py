@@ -1,5 +1,8 @@
 """Data movement: get_rows (any weight type -> F32), set_rows (the KV-cache write), cpy and cont.
 
+set_rows also writes the legacy quantized types (a quantized K cache), quantizing as ggml does; cpy and
+cont also copy a quantized tensor into one of its own type, bit for bit (the K-shift of such a cache).
+
 get_rows and set_rows index rows by data (the ids), so no box of the output bounds the rows they touch
 in the indexed tensor: when that tensor is too large for one binding, it is bound in windows of rows,
 one dispatch per window, and each dispatch handles the ids that fall in its window.
@@ -12,6 +15,9 @@ from ggflow.backends_builtin.vulkan.dispatch import Box, Operand, Work, box_orig
 from ggflow.backends_builtin.vulkan.kernels import (
     FLOAT_TYPES, WEIGHT_TYPES, BuildContext, OpKernel, addressable, float_suffix)
 from ggflow.core.tensor import Tensor
+from ggflow.core.types import type_traits
+
+QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")   # set_rows_f32_<type> quantizes into these
 
 THREADS = 128
 MAX_ROW_GROUPS = 64
@@ -68,15 +74,22 @@ def build_get_rows(node: Tensor, ctx: BuildContext) -> list[Work]:
 # -- set_rows ------------------------------------------------------------------------------------------------
 def supports_set_rows(node: Tensor, limits) -> bool:
     dst, src, ids = node.src
-    return (src.type.name in FLOAT_TYPES and node.type.name in FLOAT_TYPES and addressable(src)
-            and addressable(ids) and windowable(dst, limits))
+    if node.type.name in QUANTIZABLE:
+        dst_ok = src.type.name == "F32" and node.nb[0] == node.type.type_size
+    else:
+        dst_ok = src.type.name in FLOAT_TYPES and node.type.name in FLOAT_TYPES
+    return dst_ok and addressable(src) and addressable(ids) and windowable(dst, limits)
 
 
 def build_set_rows(node: Tensor, ctx: BuildContext) -> list[Work]:
     _, src_t, ids_t = node.src
     a, ids, d = ctx.operand(src_t), ctx.operand(ids_t), ctx.operand(node)
-    x = max(1, min(MAX_ROW_GROUPS, -(-a.ne[0] // 256)))
-    pipeline = ctx.pipeline(f"set_rows_{float_suffix(src_t)}_{float_suffix(node)}")
+    if node.type.is_quantized:   # one invocation per block, 64 to a group
+        x = -(-a.ne[0] // (node.type.block_size * 64))
+        pipeline = ctx.pipeline(f"set_rows_f32_{node.type.name.lower()}")
+    else:
+        x = max(1, min(MAX_ROW_GROUPS, -(-a.ne[0] // 256)))
+        pipeline = ctx.pipeline(f"set_rows_{float_suffix(src_t)}_{float_suffix(node)}")
 
     def ids_map(box: Box) -> Box:
         return (box[1], (0, 1), (0, 1), (0, 1))
@@ -95,6 +108,9 @@ def build_set_rows(node: Tensor, ctx: BuildContext) -> list[Work]:
 # -- cpy, cont -----------------------------------------------------------------------------------------------
 def supports_copy(node: Tensor, limits) -> bool:
     a = node.src[0]
+    if a.type.is_quantized or node.type.is_quantized:   # same type, same shape, whole blocks: bits
+        return (a.type.name == node.type.name and a.ne == node.ne and a.nb[0] == a.type.type_size
+                and node.nb[0] == node.type.type_size and addressable(a))
     if not (a.type.name in FLOAT_TYPES and node.type.name in FLOAT_TYPES and addressable(a)):
         return False
     if a.ne == node.ne:
@@ -103,11 +119,21 @@ def supports_copy(node: Tensor, limits) -> bool:
     return a.nbytes <= fits and node.nbytes <= fits   # a reshaping copy binds both whole
 
 
+def as_words(op: Operand) -> Operand:
+    """A quantized tensor seen as rows of 16-bit words (a raw copy moves words, whatever they encode)."""
+    words = op.type.row_bytes(op.ne[0]) // 2
+    return replace(op, type=type_traits("F16"), ne=(words, *op.ne[1:]), nb=(2, *op.nb[1:]))
+
+
 def build_copy(node: Tensor, ctx: BuildContext) -> list[Work]:
     src = node.src[0]
     a, d = ctx.operand(src), ctx.operand(node)
     reshape = a.ne != d.ne
-    name = f"copy_{'reshape_' if reshape else ''}{float_suffix(src)}_{float_suffix(node)}"
+    if node.type.is_quantized:
+        a, d = as_words(a), as_words(d)
+        name = "copy_raw16"
+    else:
+        name = f"copy_{'reshape_' if reshape else ''}{float_suffix(src)}_{float_suffix(node)}"
     x = max(1, min(MAX_ROW_GROUPS, -(-d.ne[0] // 256)))
 
     def push(box: Box, offs: list[int]) -> list:

@@ -1,5 +1,5 @@
 #version 450
-// cpy / cont: d = a converted between F32 and F16 (A_TYPE, D_TYPE). Without RESHAPE a and d share a
+// cpy / cont: d = a converted between F32 and F16 (A_TYPE, D_TYPE), or copied bit for bit (RAW). Without RESHAPE a and d share a
 // shape (any strides); with RESHAPE they share only the element count, matched in ggml's order
 // (dim 0 fastest): d's coordinates -> flat index -> a's coordinates.
 #include "common.glsl"
@@ -34,6 +34,10 @@ void main() {
         const uint j3 = idx / p.a_ne2;
         const uint ai = p.a_off + j0 * p.a_nb0 + j1 * p.a_nb1 + j2 * p.a_nb2 + j3 * p.a_nb3;
 #endif
+#if defined(RAW)
+        d[d_row + i0 * p.d_nb0] = a[ai];   // bits as they are (quantized blocks, read as 16-bit words)
+#else
         d[d_row + i0 * p.d_nb0] = D_TYPE(float(a[ai]));
+#endif
     }
 }

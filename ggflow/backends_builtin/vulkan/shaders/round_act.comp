@@ -5,6 +5,7 @@
 //   Q8_K: per 256: the value of largest |x| (first on ties) sets iscale = -127 / max,
 //         q = min(127, nearest(iscale * x)), x' = (1 / iscale) * q
 #include "common.glsl"
+#include "exact.glsl"
 
 layout(local_size_x = 256) in;
 layout(binding = 0) readonly buffer A { float a[]; };
@@ -23,43 +24,6 @@ const uint BLOCK = 256;
 #endif
 shared float amax_s[256];
 shared uint where_s[256];
-
-// a / b correctly rounded, as C's float division is. A driver may compute a / b as a * (1 / b), an ulp
-// off, and may not fuse an fma, so: take the driver's quotient and its two neighbours and keep the one
-// whose remainder a - q * b is smallest, the product q * b being computed exactly with Dekker's
-// splitting ("precise" forbids the compiler to reassociate or contract any of it).
-float remainder_of(float a, float b, float q) {
-    precise float p = q * b;
-    precise float cq = 4097.0 * q;
-    precise float qh = cq - (cq - q);
-    precise float ql = q - qh;
-    precise float cb = 4097.0 * b;
-    precise float bh = cb - (cb - b);
-    precise float bl = b - bh;
-    precise float e = ((qh * bh - p) + qh * bl + ql * bh) + ql * bl;   // q * b = p + e exactly
-    precise float r = (a - p) - e;
-    return abs(r);
-}
-
-float div_rn(float a, float b) {
-    precise float q = a / b;
-    const uint bits = floatBitsToUint(q);
-    float best = q, best_r = remainder_of(a, b, q);
-    for (int step = -1; step <= 1; step += 2) {
-        const float c = uintBitsToFloat(bits + uint(step));
-        const float r = remainder_of(a, b, c);
-        if (r < best_r) {
-            best = c;
-            best_r = r;
-        }
-    }
-    return best;
-}
-
-float round_half_away(float v) {
-    const float t = trunc(v);
-    return abs(v - t) >= 0.5 ? t + sign(v) : t;
-}
 
 void main() {
     const uvec3 r = row_of(p.o1, p.o2, p.o3, p.box2);
