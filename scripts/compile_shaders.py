@@ -58,7 +58,7 @@ def variants() -> dict[str, tuple[str, dict[str, str]]]:
         out[f"get_rows_{w}"] = ("get_rows.comp", _weight_defines(w))
         out[f"mul_mat_vec_{w}"] = ("mul_mat_vec.comp", _weight_defines(w))
         out[f"mul_mat_tiled_{w}"] = ("mul_mat_tiled.comp", _weight_defines(w))
-    for kind in ("q8_0", "q8_k"):
+    for kind in ("q8_0", "q8_1", "q8_k"):
         out[f"round_act_{kind}"] = ("round_act.comp", {f"ROUND_{kind.upper()}": "1"})
     return out
 

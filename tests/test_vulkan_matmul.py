@@ -1,9 +1,11 @@
 """mul_mat on Vulkan against the CPU backend: every weight type, decode and batch shapes, attention over
 an F16 KV cache (permuted views, GQA), and products split to fit a device's binding and group limits.
 
-The CPU rounds the activations to the weight's vec_dot_type (F16, Q8_0, Q8_K) before the dot, and so do
-the shaders; what remains is F32 summation order, so results agree to 2e-6 of the largest output (here,
-with k = 512: about 30 float32 ulps of a typical output; the tests assert 1e-5).
+Weights are model weights (PARAM leaves), which the CPU multiplies with its packed kernels, ggml's
+numerics. Both round the activations to the weight's vec_dot_type (F16, Q8_0, Q8_1, Q8_K) before the dot
+(and both use Q8_1's per-block sum for Q4_1/Q5_1 minimums); what remains is F32 summation order, so
+results agree to 2e-6 of the largest output (here, with k = 512: about 30 float32 ulps of a typical
+output; the tests assert 1e-5).
 """
 from __future__ import annotations
 
@@ -15,8 +17,7 @@ import pytest
 from ggflow.backends_builtin.vulkan.buffers import DeviceBuffer
 from ggflow.core import ops
 from ggflow.core.quants import dequantize, quantize
-from ggflow.core.types import type_traits
-from tests.vulkan_harness import assert_close, on_vulkan_and_cpu, requires_vulkan, vulkan
+from tests.vulkan_harness import assert_close, on_vulkan_and_cpu, requires_vulkan, vulkan, weight
 
 pytestmark = requires_vulkan
 
@@ -45,12 +46,12 @@ def check(build, inputs, rel: float = REL) -> None:
 @pytest.mark.parametrize("type_name", WEIGHT_TYPES)
 def test_mul_mat_of_every_weight_type(type_name, n):
     k, m = 512, 80
+    w_data = weight_data(type_name, m, k)
 
     def build():
-        w = ops.new_input(type_traits(type_name), (k, m), "w")
         x = ops.new_input("F32", (k, n), "x")
-        return {"w": w, "x": x}, [ops.mul_mat(w, x)]
-    check(build, {"w": weight_data(type_name, m, k), "x": randn(n, k)})
+        return {"x": x}, [ops.mul_mat(weight(type_name, w_data), x)]
+    check(build, {"x": randn(n, k)})
 
 
 @pytest.mark.parametrize("n_tokens", [1, 9])
@@ -86,11 +87,12 @@ def test_batched_weights_broadcast_over_dims_2_and_3():
 
 
 def test_q_k_and_v_share_one_rounding_of_their_input():
+    w_data = [weight_data("Q4_K", 32, 256) for _ in range(3)]
+
     def build():
         x = ops.new_input("F32", (256, 2), "x")
-        ws = [ops.new_input("Q4_K", (256, 32), f"w{i}") for i in range(3)]
-        return {"x": x, **{f"w{i}": w for i, w in enumerate(ws)}}, [ops.mul_mat(w, x) for w in ws]
-    inputs = {"x": randn(2, 256), **{f"w{i}": weight_data("Q4_K", 32, 256) for i in range(3)}}
+        return {"x": x}, [ops.mul_mat(weight("Q4_K", data, f"w{i}"), x) for i, data in enumerate(w_data)]
+    inputs = {"x": randn(2, 256)}
     vk, cpu = on_vulkan_and_cpu(build, inputs)
     [split] = [s for s in vk.scheduler.splits if s.backend.name == "vulkan"]
     names = [d.pipeline.name for d in split.plan.dispatches]
@@ -132,12 +134,12 @@ def small_device_limits():
 @pytest.mark.parametrize("type_name", ["F16", "Q4_0", "Q6_K"])
 def test_a_weight_larger_than_a_binding_is_split_into_row_slices(small_device_limits, type_name, n):
     k, m = 1024, 200   # F16: 400 KiB, six times the pretend limit
+    w_data = weight_data(type_name, m, k)
 
     def build():
-        w = ops.new_input(type_traits(type_name), (k, m), "w")
         x = ops.new_input("F32", (k, n), "x")
-        return {"w": w, "x": x}, [ops.mul_mat(w, x)]
-    vk, cpu = on_vulkan_and_cpu(build, {"w": weight_data(type_name, m, k), "x": randn(n, k)})
+        return {"x": x}, [ops.mul_mat(weight(type_name, w_data), x)]
+    vk, cpu = on_vulkan_and_cpu(build, {"x": randn(n, k)})
     [split] = [s for s in vk.scheduler.splits if s.backend.name == "vulkan"]
     assert len(split.plan.dispatches) > 4
     for d in split.plan.dispatches:
@@ -172,7 +174,9 @@ def test_results_are_the_same_through_staging_buffers(monkeypatch):
     buf.write(1001, data)
     assert (buf.read(1001, 1000) == data).all()
 
+    w_data = weight_data("Q5_1", 16, 64)
+
     def build():
-        w, x = ops.new_input("Q8_0", (64, 16), "w"), ops.new_input("F32", (64, 2), "x")
-        return {"w": w, "x": x}, [ops.silu(ops.mul_mat(w, x))]
-    check(build, {"w": weight_data("Q8_0", 16, 64), "x": randn(2, 64)})
+        x = ops.new_input("F32", (64, 2), "x")
+        return {"x": x}, [ops.silu(ops.mul_mat(weight("Q5_1", w_data), x))]
+    check(build, {"x": randn(2, 64)})

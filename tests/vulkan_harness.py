@@ -9,9 +9,11 @@ import pytest
 
 from ggflow.backends_builtin.cpu import CPUBackend
 from ggflow.backends_builtin.vulkan import VulkanBackend
+from ggflow.core.backend import HostBuffer
 from ggflow.core.graph import Graph
 from ggflow.core.scheduler import Scheduler
-from ggflow.core.tensor import Tensor
+from ggflow.core.tensor import Tensor, TensorFlag
+from ggflow.core.types import type_traits
 
 AVAILABILITY = VulkanBackend.is_available()
 requires_vulkan = pytest.mark.skipif(not AVAILABILITY, reason=f"no Vulkan device: {AVAILABILITY.reason}")
@@ -29,9 +31,24 @@ class Run:
         return [n.op for s in self.scheduler.splits if s.backend.name == backend_name for n in s.nodes]
 
 
+def weight(type_name: str, data: np.ndarray, name: str = "w") -> Tensor:
+    """A model weight: a PARAM leaf in host memory (data: numpy order; bytes for quantized types), as a
+    GGUF file's are. The CPU then multiplies it with its packed kernels (ggml's numerics), and a Vulkan
+    run adopts it as a Context would."""
+    traits = type_traits(type_name)
+    rows = data.reshape(-1, data.shape[-1])
+    ne0 = rows.shape[1] if not traits.is_quantized else rows.shape[1] // traits.type_size * traits.block_size
+    t = Tensor(traits, (ne0, rows.shape[0]), name=name, flags=TensorFlag.PARAM)
+    raw = np.ascontiguousarray(data.astype(traits.numpy_dtype) if traits.numpy_dtype is not None else data)
+    t.buffer, t.offset = HostBuffer(raw.reshape(-1).view(np.uint8).copy()), 0
+    return t
+
+
 def run_graph(build: Build, inputs: dict[str, np.ndarray], backends: list) -> Run:
     tensors, outs = build()
     graph = Graph(outs)
+    params = {t.name: t for t in graph.leafs if t.flags & TensorFlag.PARAM and t.buffer is not None}
+    backends[0].adopt_weights(params)   # as Context does
     sched = Scheduler(backends)
     sched.alloc(graph)
     for name, t in tensors.items():

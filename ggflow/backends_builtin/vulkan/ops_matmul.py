@@ -7,7 +7,9 @@ be any strided float view (the KV cache, permuted), or a quantized weight with w
 Numerics follow ggml (and the CPU backend): the activations b are first rounded to a's vec_dot_type,
 F16 for F16 weights (done as the kernels read b) and Q8_0/Q8_1/Q8_K for quantized weights (a round_act
 pass into a scratch buffer, skipped when the previous mul_mat of the split already rounded the same b
-the same way: Q, K and V share their input). The dot products then run in F32.
+the same way: Q, K and V share their input). The dot products then run in F32. Q4_1 and Q5_1 multiply
+their block minimum by Q8_1's per-block sum s = f16(d * sum(q)), not by the sum of the rounded values:
+round_act writes the difference per block and the kernels add minimum * difference.
 
 Few columns of b (decode) take the matrix-vector kernel, one workgroup per output; more take the tiled
 kernel (64 x 64 tiles). Both address a box of d, so dispatch.fit can split a product whose weight is
@@ -24,8 +26,9 @@ from ggflow.core.types import type_traits
 VEC_MAX_COLUMNS = 4          # up to this many columns of b, the matrix-vector kernel
 VEC_THREADS = 128            # mul_mat_vec's workgroup: one row per subgroup
 TILE = 64
-ROUNDING = {"Q8_0": "q8_0", "Q8_1": "q8_0", "Q8_K": "q8_k"}   # Q8_1 rounds values exactly as Q8_0 does
-ROUNDING_BLOCK = {"q8_0": 32, "q8_k": 256}
+ROUNDING = {"Q8_0": "q8_0", "Q8_1": "q8_1", "Q8_K": "q8_k"}
+ROUNDING_BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256}
+DELTA_ALIGNMENT = 256      # where the per-block deltas of a q8_1 rounding start in the scratch
 
 
 def vec_rows_per_group(subgroup_size: int) -> int:
@@ -52,7 +55,19 @@ def supports_mul_mat(node: Tensor, limits) -> bool:
 
 def scratch_bytes(node: Tensor) -> int:
     a, b = node.src
-    return b.nelements * 4 if rounding_of(a) else 0
+    kind = rounding_of(a)
+    if kind is None:
+        return 0
+    return delta_offset(b.nelements) + (b.nelements // 32 * 4 if kind == "q8_1" else 0)
+
+
+def delta_offset(n_values: int) -> int:
+    return -(-n_values * 4 // DELTA_ALIGNMENT) * DELTA_ALIGNMENT
+
+
+def f32_operand(buffer, offset: int, ne: tuple[int, int, int, int]) -> Operand:
+    f32 = type_traits("F32")
+    return Operand(buffer, offset, f32, ne, contiguous_strides(f32, ne))
 
 
 def build_mul_mat(node: Tensor, ctx: BuildContext) -> list[Work]:
@@ -60,25 +75,39 @@ def build_mul_mat(node: Tensor, ctx: BuildContext) -> list[Work]:
     a, b, d = ctx.operand(a_t), ctx.operand(b_t), ctx.operand(node)
     works: list[Work] = []
     kind = rounding_of(a_t)
+    delta = None
     if kind is not None:
-        rounded = Operand(ctx.scratch, 0, type_traits("F32"), b.ne,  # type: ignore[arg-type]
-                          contiguous_strides(type_traits("F32"), b.ne))
+        rounded = f32_operand(ctx.scratch, 0, b.ne)
+        if kind == "q8_1":
+            delta = f32_operand(ctx.scratch, delta_offset(b_t.nelements), (b.ne[0] // 32, *b.ne[1:]))
         if ctx.state.get("rounded") != (b_t.id, kind):
-            works.append(round_work(kind, b, rounded, ctx))
+            works.append(round_work(kind, b, rounded, delta, ctx))
             ctx.state["rounded"] = (b_t.id, kind)
         b = rounded
-    works.append(matmul_work(a_t, a, b, d, ctx))
+    works.append(matmul_work(a_t, a, b, d, delta, ctx))
     return works
 
 
-def round_work(kind: str, src: Operand, dst: Operand, ctx: BuildContext) -> Work:
+def per_block(box: Box) -> Box:
+    """The blocks of 32 a box of values (along dim 0) touches."""
+    return ((box[0][0] // 32, -(-box[0][1] // 32)), box[1], box[2], box[3])
+
+
+def round_work(kind: str, src: Operand, dst: Operand, delta: Operand | None, ctx: BuildContext) -> Work:
+    operands, maps = [src, dst], [same, same]
+    if delta is not None:
+        operands.append(delta)
+        maps.append(per_block)
+
     def push(box: Box, offs: list[int]) -> list[int]:
-        return [src.ne[0], *box_origin(box), offs[0], *src.strides(), offs[1], *dst.strides()]
+        e = [offs[2], *delta.strides()[1:]] if delta is not None else [0, 0, 0, 0]
+        return [src.ne[0], *box_origin(box), offs[0], *src.strides(), offs[1], *dst.strides(), *e]
     x = -(-src.ne[0] // 256)
-    return Work(ctx.pipeline(f"round_act_{kind}"), [src, dst], [same, same], src.full(), row_groups(x), push)
+    return Work(ctx.pipeline(f"round_act_{kind}"), operands, maps, src.full(), row_groups(x), push)
 
 
-def matmul_work(a_t: Tensor, a: Operand, b: Operand, d: Operand, ctx: BuildContext) -> Work:
+def matmul_work(a_t: Tensor, a: Operand, b: Operand, d: Operand, delta: Operand | None,
+                ctx: BuildContext) -> Work:
     k = a.ne[0]
     r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
     vec = d.ne[1] <= VEC_MAX_COLUMNS
@@ -97,13 +126,18 @@ def matmul_work(a_t: Tensor, a: Operand, b: Operand, d: Operand, ctx: BuildConte
         batches = extent(box[2]) * extent(box[3])
         return -(-extent(box[0]) // tile_m), -(-extent(box[1]) // (1 if vec else TILE)), batches
 
+    operands, maps = [a, b, d], [a_map, b_map, same]
+    if delta is not None:
+        operands.append(delta)
+        maps.append(lambda box: ((0, delta.ne[0]), box[1], box[2], box[3]))
+
     def push(box: Box, offs: list[int]) -> list[int]:
+        e = [offs[3], *delta.strides()[1:]] if delta is not None else [0, 0, 0, 0]
         return [k, box[0][0], box[0][1], box[1][0], box[1][1], box[2][0], box[3][0], extent(box[2]), r2, r3,
-                offs[0], *a.strides(), offs[1], *b.strides(), offs[2], *d.strides(), rows]
+                offs[0], *a.strides(), offs[1], *b.strides(), offs[2], *d.strides(), rows, *e]
     kernel = "mul_mat_vec" if vec else "mul_mat_tiled"
     step = (rows, 1, 1, 1) if vec else (TILE, TILE, 1, 1)
-    return Work(ctx.pipeline(f"{kernel}_{a_t.type.name.lower()}"), [a, b, d], [a_map, b_map, same], d.full(),
-                groups, push, step)
+    return Work(ctx.pipeline(f"{kernel}_{a_t.type.name.lower()}"), operands, maps, d.full(), groups, push, step)
 
 
 KERNELS = {"mul_mat": OpKernel(supports_mul_mat, build_mul_mat, scratch_bytes)}

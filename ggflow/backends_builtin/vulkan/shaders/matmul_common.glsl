@@ -5,6 +5,12 @@
 // (quantized weights read b already rounded to their vec_dot_type by round_act).
 layout(binding = 1) readonly buffer B { float b[]; };
 layout(binding = 2) writeonly buffer D { float d[]; };
+#if defined(A_Q4_1) || defined(A_Q5_1)
+// Per block of b: ggml's Q8_1 sum s minus the sum of b's rounded values (round_act), which the weight's
+// block minimum multiplies: with it the dot is ggml's d_a d_b sum(q_a q_b) + m_a s_b.
+#define HAS_MIN_DELTA
+layout(binding = 3) readonly buffer E { float delta[]; };
+#endif
 
 layout(push_constant) uniform Push {
     uint K, o0, hi0, o1, hi1, o2, o3, box2, r2, r3;
@@ -12,6 +18,7 @@ layout(push_constant) uniform Push {
     uint b_off, b_nb0, b_nb1, b_nb2, b_nb3;
     uint d_off, d_nb0, d_nb1, d_nb2, d_nb3;
     uint rows_per_group;   // mul_mat_vec only
+    uint e_off, e_nb1, e_nb2, e_nb3;
 } p;
 
 float load_b(uint i) {

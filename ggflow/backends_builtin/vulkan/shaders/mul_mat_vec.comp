@@ -12,7 +12,7 @@
 
 layout(local_size_x = 128) in;
 
-float dot_row(uint a_row, uint b_row) {
+float dot_row(uint a_row, uint b_row, uint e_row) {
     const uint lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;
     float acc = 0.0;
 #if defined(A_FLOAT)
@@ -21,9 +21,13 @@ float dot_row(uint a_row, uint b_row) {
     }
 #else
     for (uint k = 4 * lane; k < p.K; k += 4 * lanes) {
-        const vec4 w = dequant4(a_row + (k / BLOCK_SIZE) * p.a_nb0, k % BLOCK_SIZE);
+        const uint blk = a_row + (k / BLOCK_SIZE) * p.a_nb0;
+        const vec4 w = dequant4(blk, k % BLOCK_SIZE);
         const uint bk = b_row + k * p.b_nb0;
         acc += dot(w, vec4(b[bk], b[bk + p.b_nb0], b[bk + 2 * p.b_nb0], b[bk + 3 * p.b_nb0]));
+#if defined(HAS_MIN_DELTA)
+        if (k % BLOCK_SIZE == 0) acc += half_at(blk, 1) * delta[e_row + k / BLOCK_SIZE];
+#endif
     }
 #endif
     return subgroupAdd(acc);
@@ -34,11 +38,12 @@ void main() {
     const uint i2 = batch2(), i3 = batch3();
     const uint a_mat = p.a_off + (i2 / p.r2) * p.a_nb2 + (i3 / p.r3) * p.a_nb3;
     const uint b_row = p.b_off + j * p.b_nb1 + i2 * p.b_nb2 + i3 * p.b_nb3;
+    const uint e_row = p.e_off + j * p.e_nb1 + i2 * p.e_nb2 + i3 * p.e_nb3;
     const uint first = p.o0 + gl_WorkGroupID.x * p.rows_per_group;
     for (uint r = gl_SubgroupID; r < p.rows_per_group; r += gl_NumSubgroups) {
         const uint i = first + r;
         if (i >= p.hi0) break;   // uniform across the subgroup
-        const float sum = dot_row(a_mat + i * p.a_nb1, b_row);
+        const float sum = dot_row(a_mat + i * p.a_nb1, b_row, e_row);
         if (subgroupElect()) {
             d[p.d_off + i * p.d_nb0 + j * p.d_nb1 + i2 * p.d_nb2 + i3 * p.d_nb3] = sum;
         }
