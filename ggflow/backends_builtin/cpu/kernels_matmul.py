@@ -9,10 +9,16 @@ Fast path: a weight (a leaf tensor, contiguous, of a type in quant_matmul.SUPPOR
 quant_matmul.mul_mat. A leaf multiplied directly is taken to be constant between computes; state that
 changes (the KV cache) is read through views, which take the generic path.
 
-Generic path: any type, any strides. a is turned into float32 (F16 by a cast, a blocked type through its
-to_float: a quant type with no kernel still runs, slowly) and multiplied with numpy's matmul (BLAS) over the
-broadcast batches. Like ggml, b is first rounded to a's vec_dot_type (F16 for F16, Q8_0/Q8_K/... for
-quantized a), so an F16 K cache times F32 queries gives what ggml's F16 x F16 dot gives, up to summation order.
+Generic path: any type, any strides, and every output row the same whatever the number of rows (tokens) in
+the call (batch invariance: a prompt's last token re-evaluated alone after a KV-prefix reuse must give the
+logits it gave in the prompt's batch). Like ggml, b is first rounded to a's vec_dot_type (F16 for F16,
+Q8_0/Q8_K/... for quantized a), so an F16 K cache times F32 queries gives what ggml's F16 x F16 dot gives, up
+to summation order.
+- a weight of a type with no packed kernel: a turned into float32 (a blocked type through its to_float: a
+  quant type with no kernel still runs, slowly), numpy's matmul (BLAS) over chunks of ROWS_PER_GEMM rows.
+- anything else (the K and V views of the cache in attention): kernels_attention's kernel, which reads F32
+  and F16 where they lie and adds each output's products in one fixed order (other types are converted to
+  float32 first).
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ggflow.backends_builtin.cpu import kernels_attention as attention
 from ggflow.backends_builtin.cpu.arrays import F32, TensorArrays, from_f32, to_f32
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.core.types import TypeTraits, type_traits
@@ -34,8 +41,8 @@ Kernel = Callable[[], None]
 # one shape for every call, a row's result does not depend on how many rows came with it, so decoding
 # token by token gives what one batch gives, as in ggml. That matters where activations are quantized
 # next (Q8_0 before a quantized matmul): a last-bit difference can flip a rounding and move logits by
-# 1e-2. Attention (K, V views) is multiplied in one call instead: padding a decode step's single query
-# row to 16 would multiply its work by 16, and measured logits did not depend on it.
+# 1e-2. Attention does not take this path: padding a decode step's single query row to 16 would multiply
+# its work by 16 (kernels_attention has a fixed summation order instead).
 ROWS_PER_GEMM = 16
 QUANT_MATMUL_MODULE = "ggflow.backends_builtin.cpu.quant_matmul"
 
@@ -108,10 +115,16 @@ def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arra
 
 # -- generic path ----------------------------------------------------------------------------------
 def _bind_generic(node: Tensor, arrays: TensorArrays) -> Kernel:
+    a = node.src[0]
+    return _bind_weight_gemm(node, arrays) if is_weight(a) else _bind_fixed_order(node, arrays)
+
+
+def _bind_weight_gemm(node: Tensor, arrays: TensorArrays) -> Kernel:
+    """A weight of a type with no packed kernel: BLAS over chunks of exactly ROWS_PER_GEMM rows."""
     a, b = node.src
     a_view, b_view, out = arrays.view(a), arrays.view(b), arrays.view(node)
     a3, a2, (k, m, n) = a.ne[3], a.ne[2], (a.ne[0], a.ne[1], b.ne[1])
-    rows = ROWS_PER_GEMM if is_weight(a) else n
+    rows = ROWS_PER_GEMM
     n_padded = -(-n // rows) * rows
     round_x = vec_dot_rounding(a.type, k)
 
@@ -136,6 +149,38 @@ def _bind_generic(node: Tensor, arrays: TensorArrays) -> Kernel:
         np.matmul(x_chunks, weights_t(), out=out_chunks)
         out[...] = out_padded[:, :, :n]
     return run_padded
+
+
+def _bind_fixed_order(node: Tensor, arrays: TensorArrays) -> Kernel:
+    """State that changes between computes (K and V views of the cache): kernels_attention's kernel."""
+    a, b = node.src
+    a_view, b_view, out = arrays.view(a), arrays.view(b), arrays.view(node)
+    k, m, n_rows = a.ne[0], a.ne[1], b.ne[1] * b.ne[2] * b.ne[3]
+    parallel = n_rows * m * k >= attention.PARALLEL_MIN_MACS
+    kernel = attention.mul_mat_fixed_order_parallel if parallel else attention.mul_mat_fixed_order_serial
+    tasks = attention.n_tasks(a_view.shape, b_view.shape)
+    read_a = _native_operand(a_view, a.type) or (lambda: np.ascontiguousarray(to_f32(a_view, a.type)))
+    read_x, round_x_to_f16 = _native_operand(b_view, b.type), a.type.vec_dot_type == "F16"
+    if read_x is None or a.type.vec_dot_type not in ("F32", "F16"):
+        round_x = vec_dot_rounding(a.type, k)   # e.g. Q8_0 for a quantized cache: done here, not in the kernel
+        read_x, round_x_to_f16 = (lambda: round_x(to_f32(b_view, b.type))), False
+    target = out if out.dtype == F32 and out.strides[-1] == F32.itemsize else np.empty(out.shape, F32)
+
+    def run() -> None:
+        kernel(read_a(), read_x(), target, round_x_to_f16, tasks)
+        if target is not out:
+            out[...] = target
+    return run
+
+
+def _native_operand(view: np.ndarray, traits: TypeTraits) -> Callable[[], np.ndarray] | None:
+    """What the fixed-order kernel reads in place: F32 as is, F16 as its bits; None for other types."""
+    if traits.name == "F32":
+        return lambda: view
+    if traits.name == "F16":
+        bits = view.view(np.uint16)
+        return lambda: bits
+    return None
 
 
 def is_weight(t: Tensor) -> bool:

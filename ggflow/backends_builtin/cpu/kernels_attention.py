@@ -1,0 +1,210 @@
+"""mul_mat for operands that are not weights (attention's K x Q and V x P over the KV cache), batch-invariant.
+
+out[i3, i2, t, i] = sum over kk of x[i3, i2, t, kk] * a[i3 // r3, i2 // r2, i, kk], added one kk after the
+other into a float32 accumulator, from kk = 0 up: the same order for every output element whatever the
+number of rows (tokens) in the call, so a token's attention gives the same bits whether it is evaluated
+alone or in a batch. BLAS cannot promise that: it picks its kernel (gemv for one row, blocked gemm for
+many) and so its summation order by the shape of the call. A last-bit difference matters here: with an F16
+cache the softmax probabilities are rounded to F16 before V x P, and the attention output is quantized to
+Q8 before the output projection, so one flipped rounding moves logits by 1e-3..1 (a prompt evaluated in
+one batch, then its last token re-evaluated alone after a KV-prefix reuse, gave another greedy answer).
+
+No fastmath: LLVM must then keep each accumulator's additions in program order (no reassociation, no FMA
+contraction), so vectorized and scalar code give the same bits. It vectorizes over the output columns i
+instead: a is read as tiles tile[kk, i] (F16 widened exactly to float32, transposed where a's rows run
+along kk, as K's do), and each row's accumulators out[t, i0:i0+COLS] take ``x[kk] * tile[kk, :]`` for kk
+in order. Like ggml's F16 dot (vec_dot_type F16), x is rounded to F16 first when a is F16.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+F32 = np.float32
+COLS = 64     # output columns per task: a tile row (256 bytes) spans whole vectors
+DEPTH = 64    # kk per tile: a 64 x 64 float32 tile (16 KiB) stays in L1 while every row of the task reads it
+ROWS = 64     # output rows per task: enough to amortize filling the tile, enough tasks for the threads
+# Below this many multiply-adds (~0.1 ms on one core) a call runs serially: waking the other threads costs
+# 10-20 us on an idle machine and a scheduler time slice on a busy one (see threads.py).
+PARALLEL_MIN_MACS = 1 << 20
+
+
+@intrinsic
+def as_f32(typingctx, v):
+    """float32 as is; a 16-bit integer as the IEEE half it holds, widened exactly (LLVM fpext)."""
+    if isinstance(v, types.Float) and v.bitwidth == 32:
+        return types.float32(v), lambda context, builder, sig, args: args[0]
+    if isinstance(v, types.Integer) and v.bitwidth == 16:
+        def widen(context, builder, sig, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return types.float32(v), widen
+    return None
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma): the same bits in vector and scalar code, unlike a contraction
+    LLVM may or may not make; and what ggml's SIMD dot products compute."""
+    if not all(isinstance(v, types.Float) and v.bitwidth == 32 for v in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f32 = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32, f32, f32]))
+        return builder.call(fn, args)
+    return types.float32(a, b, c), codegen
+
+
+@intrinsic
+def round_to_f16(typingctx, v):
+    """float32 -> nearest IEEE half (ties to even, as ggml's fp32 -> fp16) -> float32 again."""
+    if not (isinstance(v, types.Float) and v.bitwidth == 32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(v), codegen
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _fill_tile(a, ia3, ia2, c0, nc, k0, nk, tile):
+    """tile[r, c] = float32 a[ia3, ia2, c0 + c, k0 + r]; the loop order follows a's shorter stride."""
+    if a.strides[3] <= a.strides[2]:        # rows of a run along kk (K): read along kk
+        for c in range(nc):
+            for r in range(nk):
+                tile[r, c] = as_f32(a[ia3, ia2, c0 + c, k0 + r])
+    else:                                   # columns of a run along kk (V seen transposed)
+        for r in range(nk):
+            for c in range(nc):
+                tile[r, c] = as_f32(a[ia3, ia2, c0 + c, k0 + r])
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _load_x(x, i3, i2, t, k0, nk, round_x, xs):
+    for r in range(nk):
+        v = as_f32(x[i3, i2, t, k0 + r])
+        xs[r] = round_to_f16(v) if round_x else v
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _accumulate_row(o, xs, tile, nk):
+    """o[c] = fma(xs[r], tile[r, c], o[c]) for r = 0, 1, ... in order, 4 r per pass over o.
+
+    o is a slice starting at 0: indexed by the loop variable, LLVM can drop numba's negative-index
+    wraparound, which otherwise keeps the loop scalar.
+    """
+    nc = o.shape[0]
+    r = 0
+    while r + 4 <= nk:
+        x0, x1, x2, x3 = xs[r], xs[r + 1], xs[r + 2], xs[r + 3]
+        t0, t1, t2, t3 = tile[r], tile[r + 1], tile[r + 2], tile[r + 3]
+        for c in range(nc):
+            o[c] = fma(x3, t3[c], fma(x2, t2[c], fma(x1, t1[c], fma(x0, t0[c], o[c]))))
+        r += 4
+    while r < nk:
+        x0, t0 = xs[r], tile[r]
+        for c in range(nc):
+            o[c] = fma(x0, t0[c], o[c])
+        r += 1
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _accumulate_4_rows(o0, o1, o2, o3, xs, tile, nk):
+    """_accumulate_row for 4 rows at once (the same operations per element): each tile load feeds 4 FMAs."""
+    nc = o0.shape[0]
+    r = 0
+    while r + 4 <= nk:
+        a0, a1, a2, a3 = xs[0, r], xs[0, r + 1], xs[0, r + 2], xs[0, r + 3]
+        b0, b1, b2, b3 = xs[1, r], xs[1, r + 1], xs[1, r + 2], xs[1, r + 3]
+        c0, c1, c2, c3 = xs[2, r], xs[2, r + 1], xs[2, r + 2], xs[2, r + 3]
+        d0, d1, d2, d3 = xs[3, r], xs[3, r + 1], xs[3, r + 2], xs[3, r + 3]
+        t0, t1, t2, t3 = tile[r], tile[r + 1], tile[r + 2], tile[r + 3]
+        for c in range(nc):
+            w0, w1, w2, w3 = t0[c], t1[c], t2[c], t3[c]
+            o0[c] = fma(a3, w3, fma(a2, w2, fma(a1, w1, fma(a0, w0, o0[c]))))
+            o1[c] = fma(b3, w3, fma(b2, w2, fma(b1, w1, fma(b0, w0, o1[c]))))
+            o2[c] = fma(c3, w3, fma(c2, w2, fma(c1, w1, fma(c0, w0, o2[c]))))
+            o3[c] = fma(d3, w3, fma(d2, w2, fma(d1, w1, fma(d0, w0, o3[c]))))
+        r += 4
+    while r < nk:
+        t0 = tile[r]
+        a0, b0, c0, d0 = xs[0, r], xs[1, r], xs[2, r], xs[3, r]
+        for c in range(nc):
+            w0 = t0[c]
+            o0[c] = fma(a0, w0, o0[c])
+            o1[c] = fma(b0, w0, o1[c])
+            o2[c] = fma(c0, w0, o2[c])
+            o3[c] = fma(d0, w0, o3[c])
+        r += 1
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _b_index(row, ia3, ia2, r3, r2, n):
+    """Row number within the b rows that use a's matrix (ia3, ia2) -> (i3, i2, t) in b and out."""
+    return ia3 * r3 + row // (r2 * n), ia2 * r2 + row // n % r2, row % n
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _run_task(a, x, out, round_x, task):
+    """One (a matrix, column block, row block): the rows are those of every b matrix that uses a's matrix."""
+    n_a3, n_a2, m, k = a.shape
+    n_b3, n_b2, n, _ = x.shape
+    r3, r2 = n_b3 // n_a3, n_b2 // n_a2
+    n_col_blocks = -(-m // COLS)
+    n_row_blocks = -(-(r3 * r2 * n) // ROWS)
+    task = np.int64(task)                   # prange's index may be unsigned: keep the index arithmetic integer
+    ia, rest = task // (n_col_blocks * n_row_blocks), task % (n_col_blocks * n_row_blocks)
+    cb, rb = rest // n_row_blocks, rest % n_row_blocks
+    ia3, ia2 = ia // n_a2, ia % n_a2
+    c0 = cb * COLS
+    c1 = min(m, c0 + COLS)
+    row0, row1 = rb * ROWS, min(r3 * r2 * n, (rb + 1) * ROWS)
+    tile = np.empty((DEPTH, COLS), dtype=F32)
+    xs = np.empty((4, DEPTH), dtype=F32)
+    for row in range(row0, row1):
+        i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
+        out[i3, i2, t, c0:c1] = F32(0)
+    for k0 in range(0, k, DEPTH):
+        nk = min(DEPTH, k - k0)
+        _fill_tile(a, ia3, ia2, c0, c1 - c0, k0, nk, tile)
+        row = row0
+        while row + 4 <= row1:
+            i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
+            j3, j2, u = _b_index(row + 1, ia3, ia2, r3, r2, n)
+            l3, l2, v = _b_index(row + 2, ia3, ia2, r3, r2, n)
+            h3, h2, w = _b_index(row + 3, ia3, ia2, r3, r2, n)
+            _load_x(x, i3, i2, t, k0, nk, round_x, xs[0])
+            _load_x(x, j3, j2, u, k0, nk, round_x, xs[1])
+            _load_x(x, l3, l2, v, k0, nk, round_x, xs[2])
+            _load_x(x, h3, h2, w, k0, nk, round_x, xs[3])
+            _accumulate_4_rows(out[i3, i2, t, c0:c1], out[j3, j2, u, c0:c1], out[l3, l2, v, c0:c1],
+                               out[h3, h2, w, c0:c1], xs, tile, nk)
+            row += 4
+        while row < row1:
+            i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
+            _load_x(x, i3, i2, t, k0, nk, round_x, xs[0])
+            _accumulate_row(out[i3, i2, t, c0:c1], xs[0], tile, nk)
+            row += 1
+
+
+def n_tasks(a_shape: tuple[int, ...], x_shape: tuple[int, ...]) -> int:
+    n_a3, n_a2, m, _ = a_shape
+    n_b3, n_b2, n, _ = x_shape
+    n_rows = (n_b3 // n_a3) * (n_b2 // n_a2) * n
+    return n_a3 * n_a2 * -(-m // COLS) * -(-n_rows // ROWS)
+
+
+@njit(cache=True, fastmath=False, parallel=True)
+def mul_mat_fixed_order_parallel(a, x, out, round_x, n_tasks):
+    """a (A3, A2, m, k) float32 or F16 bits (uint16), x (B3, B2, n, k) likewise, any strides;
+    out (B3, B2, n, m) float32 with unit stride along m. B3, B2 multiples of A3, A2 (broadcast, GQA)."""
+    for task in prange(n_tasks):
+        _run_task(a, x, out, round_x, task)
+
+
+@njit(cache=True, fastmath=False)
+def mul_mat_fixed_order_serial(a, x, out, round_x, n_tasks):
+    for task in range(n_tasks):
+        _run_task(a, x, out, round_x, task)
