@@ -65,7 +65,8 @@ def row(label: str, n: int, rows: int, k: int, nbytes: int, med: float, best: fl
             f"{gbs:7.2f} GB/s {gflops:8.1f} GFLOP/s{vs}")
 
 
-def bench_shapes(types: list[str], threads: list[int], repeats: int, rng: np.random.Generator) -> None:
+def bench_shapes(types: list[str], threads: list[int], repeats: int, rng: np.random.Generator,
+                 batch: bool = True) -> None:
     for rows, k in SHAPES:
         w32 = rng.standard_normal((rows, k)).astype(np.float32)
         x1 = rng.standard_normal((1, k)).astype(np.float32)
@@ -82,6 +83,8 @@ def bench_shapes(types: list[str], threads: list[int], repeats: int, rng: np.ran
                 outb = np.empty((BATCH, rows), np.float32)
                 med, best = timed(lambda: qmm.mul_mat(pw, x1, out1), repeats)
                 print(row(w_type, 1, rows, k, w.nbytes, med, best, np_med))
+                if not batch:
+                    continue
                 med, best = timed(lambda: qmm.mul_mat(pw, xb, outb), max(3, repeats // 4))
                 print(row(w_type, BATCH, rows, k, w.nbytes, med, best, None))
 
@@ -121,6 +124,7 @@ def main() -> None:
     ap.add_argument("--types", nargs="+", default=ALL_TYPES)
     ap.add_argument("--quick", action="store_true", help="fewer repeats, 4096x4096 only, no cold set")
     ap.add_argument("--no-cold", action="store_true", help="skip the larger-than-L3 set")
+    ap.add_argument("--no-batch", action="store_true", help="matvecs only (skip the 64-token matmuls)")
     args = ap.parse_args()
     unknown = set(args.types) - qmm.SUPPORTED_TYPES
     if unknown:
@@ -137,7 +141,7 @@ def main() -> None:
         for n in (1, BATCH):
             qmm.mul_mat(pw, np.ones((n, 256), np.float32), np.empty((n, 64), np.float32))
     print(f"kernels ready in {time.perf_counter() - t0:.1f} s (compile or cache load)")
-    bench_shapes(args.types, args.threads, repeats, rng)
+    bench_shapes(args.types, args.threads, repeats, rng, batch=not args.no_batch)
     if not (args.quick or args.no_cold):
         bench_cold(args.types, args.threads, repeats, rng)
 

@@ -1,4 +1,4 @@
-"""16-bit bit-field extraction for the matmul kernels, as LLVM intrinsics.
+"""LLVM-level helpers for the matmul kernels: 16-bit bit-field extraction and 512-bit vectors.
 
 numba computes ``v >> s`` on int16 values in 64 bits. With a constant ``s`` LLVM narrows that back to
 16-bit lanes; with a run-time ``s`` (a loop index, or a helper's argument) it cannot, and a vectorized
@@ -59,3 +59,21 @@ def sext8(typingctx, v, byte):
         up = builder.shl(a, builder.sub(eight, builder.mul(b, eight)))
         return builder.ashr(up, eight)
     return types.int16(v, byte), codegen
+
+
+@intrinsic
+def wide_vectors(typingctx):
+    """Let LLVM vectorize the calling function with 512-bit vectors where the CPU has them.
+
+    LLVM's tuning for recent Intel cores (prefer-256-bit) keeps auto-vectorized loops in 256-bit
+    registers; on AVX-512 machines the int16 kernels run about 1.2-1.4x faster in 512-bit ones. The
+    two function attributes say so for this function only ("min-legal-vector-width" is what makes
+    the backend keep 512-bit types whole); on other CPUs they change nothing. llvmlite only accepts
+    a fixed list of attribute names, hence adding the strings to the attribute set directly.
+    """
+    def codegen(context, builder, sig, args):
+        attrs = builder.function.attributes
+        set.add(attrs, '"prefer-vector-width"="512"')
+        set.add(attrs, '"min-legal-vector-width"="512"')
+        return context.get_dummy_value()
+    return types.none(), codegen

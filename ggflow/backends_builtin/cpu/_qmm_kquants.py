@@ -6,11 +6,12 @@ and the super-block scales in f32. The integers are ggml's; where ggml's quant i
 offset (Q3_K's -4) the offset comes out through the Q8_K ``bsums`` (sums of 16 activations).
 
 Packing keeps the quant bytes (as uint16 words, two bytes of a row per lane) and unpacks the 6-bit
-scale/min fields into one byte each, and the f16 super-block scales into f32 (memory: Q3_K +4
-bytes per 110, Q4_K/Q5_K +4+4 per 144/176, Q2_K +4 per 84, Q6_K +2 per 210).
+scale/min fields into one byte each, and the f16 super-block scales into f32 (memory: Q3_K +38
+bytes per 110, its quants being repacked as nibbles (see _q3_as_nibbles); Q4_K/Q5_K +4+4 per
+144/176, Q2_K +4 per 84, Q6_K +2 per 210).
 
 Group sizes (products that fit int16, activations |x| <= 127):
-  Q2_K quant 0..3: 16 (one scale group)   Q3_K 0..7: 8 (16 would fit; 8 keeps the unrolled loop small)
+  Q2_K quant 0..3: 16 (one scale group)   Q3_K 0..7 (repacked as nibbles): 16
   Q4_K 0..15: 16   Q5_K 0..31: 8           Q6_K -32..31 (signed): 8
 
 Helpers are inlined into the tile functions (numba IR inlining): compiled on their own, LLVM keeps
@@ -23,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, wide_vectors
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_field, tile_rows
 
 F32 = np.float32
@@ -66,10 +67,27 @@ def pack_q2_k(w: np.ndarray, rows: int, k: int) -> tuple:
             tile_rows(f16_field(blocks, 80)), tile_rows(f16_field(blocks, 82)))
 
 
+def _q3_as_nibbles(blocks: np.ndarray) -> np.ndarray:
+    """Q3_K's quants as unsigned u = q + 4 (0..7: 2 low bits | high bit << 2), stored as nibbles in
+    Q4_K's order (byte 32c + l: element 64c + l low, 64c + 32 + l high), as uint16 words.
+
+    Element 128h + 32s + l has its 2 low bits at shift 2s of qs byte 32h + l and its high bit at
+    bit 4h + s of hmask byte l. Cutting those out costs the kernel more than twice what a nibble
+    does, so the load-time repack spends 32 more bytes per 256 weights (128 instead of 96) on it.
+    """
+    rows, nb, _ = blocks.shape
+    qs = blocks[:, :, 32:96].reshape(rows, nb, 2, 1, 32)                  # [h, -, l]
+    hmask = blocks[:, :, 0:32].reshape(rows, nb, 1, 1, 32)
+    h, s = np.arange(2).reshape(2, 1, 1), np.arange(4).reshape(1, 4, 1)
+    u = ((qs >> (2 * s)) & 3) | (((hmask >> (4 * h + s)) & 1) << 2)     # [h, s, l] -> 128h + 32s + l
+    u = u.astype(np.uint8).reshape(rows, nb, 4, 2, 32)                   # [c, lo/hi, l] -> 64c + 32hi + l
+    nibbles = u[:, :, :, 0, :] | (u[:, :, :, 1, :] << 4)
+    return tile_rows(np.ascontiguousarray(nibbles.reshape(rows, nb, 128)).view(np.uint16))
+
+
 def pack_q3_k(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // QK, 110)
-    return (_words(blocks, 32, 64), _words(blocks, 0, 32), tile_rows(_q3_scales(blocks[:, :, 96:108])),
-            tile_rows(f16_field(blocks, 108)))
+    return _q3_as_nibbles(blocks), tile_rows(_q3_scales(blocks[:, :, 96:108])), tile_rows(f16_field(blocks, 108))
 
 
 def pack_q4_k(w: np.ndarray, rows: int, k: int) -> tuple:
@@ -99,7 +117,7 @@ _bits = field
 _bit_to = bit_to
 
 
-# -------------------------------------------------------------------------------- Q2_K / Q3_K phase 1
+# -------------------------------------------------------------------------------------- Q2_K phase 1
 # qs word m (0..31) holds bytes 2m, 2m+1: with h = m // 16 and l = 2m % 32 (+1 for the high byte),
 # the four 2-bit fields at shift 2s are elements 128h + 32s + l, all in scale group 8h + 2s + l // 16.
 # Words 8q .. 8q+7 therefore feed the four groups 8h + 2s + (q % 2), s = 0..3, with h = q // 2.
@@ -125,48 +143,6 @@ def _sum_q2_segment(qs, t, b, xq, i, o, q, part):
         part[g + 2, r] = a1
         part[g + 4, r] = a2
         part[g + 6, r] = a3
-
-
-@njit(cache=True, inline="always")
-def _q3_value(v, hm, byte, s, h):
-    """Unsigned Q3_K quant (2 low bits + 4 * high bit, 0..7) of one byte/shift of a word pair."""
-    return I16(_bits(v, 8 * byte + 2 * s, 3) | _bit_to(hm, 8 * byte + 4 * h + s, 2))
-
-
-@njit(cache=True, inline="always")
-def _sum_q3_quad(qs, hmask, t, b, xq, i, o, h, q, half, part):
-    """Words 8q + 4half .. +3 (8 bytes, h = q // 2 given as a constant so every shift is one):
-    groups of 8 products into part[2 * g16 + half], g16 = 8h + 2s + q % 2 for s = 0..3."""
-    for r in range(R):
-        a0 = I16(0)
-        a1 = I16(0)
-        a2 = I16(0)
-        a3 = I16(0)
-        for mm in range(4):
-            m = 8 * q + 4 * half + mm
-            v = I16(qs[t, b, m, r])
-            hm = I16(hmask[t, b, m % 16, r])     # hmask bytes l, l+1
-            e = o + 128 * h + (2 * m) % 32
-            a0 = I16(a0 + _q3_value(v, hm, 0, 0, h) * xq[i, e] + _q3_value(v, hm, 1, 0, h) * xq[i, e + 1])
-            a1 = I16(a1 + _q3_value(v, hm, 0, 1, h) * xq[i, e + 32] + _q3_value(v, hm, 1, 1, h) * xq[i, e + 33])
-            a2 = I16(a2 + _q3_value(v, hm, 0, 2, h) * xq[i, e + 64] + _q3_value(v, hm, 1, 2, h) * xq[i, e + 65])
-            a3 = I16(a3 + _q3_value(v, hm, 0, 3, h) * xq[i, e + 96] + _q3_value(v, hm, 1, 3, h) * xq[i, e + 97])
-        g = 2 * (8 * h + q % 2) + half
-        part[g, r] = a0
-        part[g + 4, r] = a1
-        part[g + 8, r] = a2
-        part[g + 12, r] = a3
-
-
-@njit(cache=True, inline="always")
-def _sum_q3_block(qs, hmask, t, b, xq, i, o, part):
-    # literal h: a shift by a run-time amount would be done in 64-bit lanes
-    for q in range(2):
-        _sum_q3_quad(qs, hmask, t, b, xq, i, o, 0, q, 0, part)
-        _sum_q3_quad(qs, hmask, t, b, xq, i, o, 0, q, 1, part)
-    for q in range(2, 4):
-        _sum_q3_quad(qs, hmask, t, b, xq, i, o, 1, q, 0, part)
-        _sum_q3_quad(qs, hmask, t, b, xq, i, o, 1, q, 1, part)
 
 
 # -------------------------------------------------------------------------------- Q4_K / Q5_K phase 1
@@ -217,7 +193,7 @@ def _sum_q5k_chunk(qs, qh, t, b, xq, i, o, c, part):
 
 @njit(cache=True, inline="always")
 def _sum_q5k_block(qs, qh, t, b, xq, i, o, part):
-    # literal c: the fifth-bit shifts depend on it and must be constants (see _sum_q3_block)
+    # literal c: the fifth-bit shifts depend on it and must be constants
     _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 0, part)
     _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 1, part)
     _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 2, part)
@@ -263,7 +239,7 @@ def _sum_q6_hs(ql, qh, t, b, xq, i, o, h, s, part):
 
 @njit(cache=True, inline="always")
 def _sum_q6_block(ql, qh, t, b, xq, i, o, part):
-    # literal s: the high-bit shifts depend on it and must be constants (see _sum_q3_block)
+    # literal s: the high-bit shifts depend on it and must be constants
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 0, 0, part)
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 0, 1, part)
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 1, 0, part)
@@ -286,12 +262,11 @@ def _acc_q2_k(acc, part, sc, d, dmin, dy, bsums, i, b):
 
 @njit(cache=True, inline="always")
 def _acc_q3_k(acc, part, sc, d, dy, bsums, i, b):
-    """sum over 16-groups of scale * (sum(u * x) - 4 * bsum): u = q + 4 is what phase 1 summed,
-    in two 8-groups per 16-group."""
+    """sum over 16-groups of scale * (sum(u * x) - 4 * bsum): u = q + 4 is what phase 1 summed."""
     for r in range(R):
         isum = I32(0)
         for g in range(16):
-            isum += I32(sc[g, r]) * (I32(part[2 * g, r]) + I32(part[2 * g + 1, r]) - 4 * bsums[i, 16 * b + g])
+            isum += I32(sc[g, r]) * (I32(part[g, r]) - 4 * bsums[i, 16 * b + g])
         acc[r] += (dy * d[r]) * F32(isum)
 
 
@@ -328,7 +303,8 @@ def _store_tile(acc, out, i, t):
 
 # -------------------------------------------------------------------------------- batched decoding
 # A super-block of a row tile is decoded once into w (256, R) int16 and multiplied into every token.
-# Decoded values: Q2_K 0..3, Q3_K 0..7 (offset 4 left to bsums), Q4_K 0..15, Q5_K 0..31, Q6_K -32..31.
+# Decoded values: Q2_K 0..3, Q3_K 0..7 (offset 4 left to bsums; decoded by _decode_q4_k),
+# Q4_K 0..15, Q5_K 0..31, Q6_K -32..31.
 
 @njit(cache=True, inline="always")
 def _sum_decoded(w, xq, i, o, gsize, part):
@@ -364,24 +340,6 @@ def _decode_q2_k(qs, t, b, w):
             for s in range(4):
                 w[e + 32 * s, r] = _bits(v, 2 * s, 3)
                 w[e + 32 * s + 1, r] = _bits(v, 8 + 2 * s, 3)
-
-
-@njit(cache=True, inline="always")
-def _decode_q3_k_half(qs, hmask, t, b, h, w):
-    for m in range(16 * h, 16 * h + 16):
-        e = 128 * h + (2 * m) % 32
-        for r in range(R):
-            v = I16(qs[t, b, m, r])
-            hm = I16(hmask[t, b, m % 16, r])
-            for s in range(4):
-                w[e + 32 * s, r] = _q3_value(v, hm, 0, s, h)
-                w[e + 32 * s + 1, r] = _q3_value(v, hm, 1, s, h)
-
-
-@njit(cache=True, inline="always")
-def _decode_q3_k(qs, hmask, t, b, w):
-    _decode_q3_k_half(qs, hmask, t, b, 0, w)
-    _decode_q3_k_half(qs, hmask, t, b, 1, w)
 
 
 @njit(cache=True, inline="always")
@@ -443,6 +401,7 @@ def _decode_q6_k(ql, qh, t, b, w):
 # ------------------------------------------------------------------------------------ tile kernels
 @njit(cache=True)
 def _tile_q2_k(t, qs, sc, d, dmin, xq, dy, bsums, out):
+    wide_vectors()
     nb = qs.shape[1]
     n = out.shape[0]
     part = np.empty((16, R), I16)
@@ -465,22 +424,27 @@ def _tile_q2_k(t, qs, sc, d, dmin, xq, dy, bsums, out):
 
 
 @njit(cache=True)
-def _tile_q3_k(t, qs, hmask, sc, d, xq, dy, bsums, out):
+def _tile_q3_k(t, qs, sc, d, xq, dy, bsums, out):
+    # qs holds Q3_K's quants repacked as Q4_K-ordered nibbles (see _q3_as_nibbles): Q4_K's loops
+    # give the 16-element group sums directly, in group order
+    wide_vectors()
     nb = qs.shape[1]
     n = out.shape[0]
-    part = np.empty((32, R), I16)
+    part = np.empty((16, R), I16)
     acc = np.zeros((n, R), F32)
     if n <= MATVEC_MAX_TOKENS:
         for i in range(n):
             for b in range(nb):
-                _sum_q3_block(qs, hmask, t, b, xq, i, b * QK, part)
+                for c in range(4):
+                    _sum_q4k_half(qs, t, b, xq, i, b * QK, c, 0, part)
+                    _sum_q4k_half(qs, t, b, xq, i, b * QK, c, 1, part)
                 _acc_q3_k(acc[i], part, sc[t, b], d[t, b], dy[i, b], bsums, i, b)
     else:
         w = np.empty((QK, R), I16)
         for b in range(nb):
-            _decode_q3_k(qs, hmask, t, b, w)
+            _decode_q4_k(qs, t, b, w)
             for i in range(n):
-                _sum_decoded(w, xq, i, b * QK, 8, part)
+                _sum_decoded(w, xq, i, b * QK, 16, part)
                 _acc_q3_k(acc[i], part, sc[t, b], d[t, b], dy[i, b], bsums, i, b)
     for i in range(n):
         _store_tile(acc[i], out, i, t)
@@ -488,6 +452,7 @@ def _tile_q3_k(t, qs, hmask, sc, d, xq, dy, bsums, out):
 
 @njit(cache=True)
 def _tile_q4_k(t, qs, sc, mn, d, dmin, xq, dy, bsums, out):
+    wide_vectors()
     nb = qs.shape[1]
     n = out.shape[0]
     part = np.empty((16, R), I16)
@@ -512,6 +477,7 @@ def _tile_q4_k(t, qs, sc, mn, d, dmin, xq, dy, bsums, out):
 
 @njit(cache=True)
 def _tile_q5_k(t, qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
+    wide_vectors()
     nb = qs.shape[1]
     n = out.shape[0]
     part = np.empty((32, R), I16)
@@ -534,6 +500,7 @@ def _tile_q5_k(t, qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
 
 @njit(cache=True)
 def _tile_q6_k(t, ql, qh, sc, d, xq, dy, bsums, out):
+    wide_vectors()
     nb = ql.shape[1]
     n = out.shape[0]
     part = np.empty((32, R), I16)
@@ -562,9 +529,9 @@ def mul_mat_q2_k(qs, sc, d, dmin, xq, dy, bsums, out):
 
 
 @njit(cache=True, parallel=True)
-def mul_mat_q3_k(qs, hmask, sc, d, xq, dy, bsums, out):
+def mul_mat_q3_k(qs, sc, d, xq, dy, bsums, out):
     for t in prange(qs.shape[0]):
-        _tile_q3_k(t, qs, hmask, sc, d, xq, dy, bsums, out)
+        _tile_q3_k(t, qs, sc, d, xq, dy, bsums, out)
 
 
 @njit(cache=True, parallel=True)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8, wide_vectors
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_field, tile_rows
 
 F32 = np.float32
@@ -227,6 +227,7 @@ def _decode_i8(qs, t, b, w):
 # ------------------------------------------------------------------------------------ tile kernels
 @njit(cache=True)
 def _tile_q4_0(t, qs, d, xq, dx, xsum, out):
+    wide_vectors()
     nb = qs.shape[1]
     n = out.shape[0]
     part = np.empty((2, R), I16)
@@ -252,6 +253,7 @@ def _tile_q4_0(t, qs, d, xq, dx, xsum, out):
 
 @njit(cache=True)
 def _tile_q4_1(t, qs, d, m, xq, dx, xs, out):
+    wide_vectors()
     nb = qs.shape[1]
     n = out.shape[0]
     part = np.empty((2, R), I16)
@@ -277,6 +279,7 @@ def _tile_q4_1(t, qs, d, m, xq, dx, xs, out):
 
 @njit(cache=True)
 def _tile_q5_0(t, qs, qh, d, xq, dx, xsum, out):
+    wide_vectors()
     nb = qs.shape[1]
     n = out.shape[0]
     part = np.empty((4, R), I16)
@@ -303,6 +306,7 @@ def _tile_q5_0(t, qs, qh, d, xq, dx, xsum, out):
 
 @njit(cache=True)
 def _tile_q5_1(t, qs, qh, d, m, xq, dx, xs, out):
+    wide_vectors()
     nb = qs.shape[1]
     n = out.shape[0]
     part = np.empty((4, R), I16)
@@ -329,6 +333,7 @@ def _tile_q5_1(t, qs, qh, d, m, xq, dx, xs, out):
 
 @njit(cache=True)
 def _tile_q8_0(t, qs, d, xq, dx, xsum, out):
+    wide_vectors()
     nb = qs.shape[1]
     n = out.shape[0]
     part = np.empty((16, R), I16)
