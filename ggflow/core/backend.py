@@ -98,7 +98,8 @@ class Backend(ABC):
         return True
 
     def prepare_weight(self, tensor: Tensor) -> None:
-        """Optional hook, called once per weight placed on this backend (e.g. to repack its blocks)."""
+        """Optional hook, called once per weight at load by the default ``adopt_weights`` (e.g. to repack
+        its blocks into a layout the kernels read fast, instead of on the first compute)."""
 
     def adopt_weights(self, weights: Mapping[str, Tensor]) -> None:
         """Optional hook: take over model weights (which load as views of the host memory map).
@@ -106,8 +107,11 @@ class Backend(ABC):
         Context offers a model's weights to its first backend once. A device backend uploads the ones
         its kernels read and re-points them (``tensor.buffer``/``offset``) to its own memory, so nodes
         that read them are placed on it and no copy crosses per step. The weights stay there: a Context
-        that doesn't schedule this backend needs its own ``Model.load``. Host backends do nothing.
+        that doesn't schedule this backend needs its own ``Model.load``. Host backends keep the weights
+        where they are; the default prepares each one (``prepare_weight``).
         """
+        for tensor in weights.values():
+            self.prepare_weight(tensor)
 
     @abstractmethod
     def compute(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> None:
