@@ -208,7 +208,7 @@ def _sum_q5k_block(qs, qh, t, b, xq, i, o, part):
 @njit(cache=True, inline="always")
 def _q6_value(v, hw, byte, nib, s):
     low = _bits(v, 8 * byte + 4 * nib, 15)
-    high = I16(((hw >> I16(8 * byte + 2 * (s + 2 * nib))) & I16(3)) << I16(4))
+    high = _bits(hw, 8 * byte + 2 * (s + 2 * nib), 3) << I16(4)
     return I16((low | high) - I16(32))
 
 
@@ -485,7 +485,7 @@ def _tile_q5_k(t, qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
     if n <= MATVEC_MAX_TOKENS:
         for i in range(n):
             for b in range(nb):
-                _sum_q5k_block(qs, qh, t, b, xq, i, b * QK, part)
+                _sum_q5k_block(qs, qh, t, b, xq, i, b * QK, part)   # literal c: faster than a loop here
                 _acc_k4(acc[i], part, 4, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
     else:
         w = np.empty((QK, R), I16)
@@ -508,7 +508,7 @@ def _tile_q6_k(t, ql, qh, sc, d, xq, dy, bsums, out):
     if n <= MATVEC_MAX_TOKENS:
         for i in range(n):
             for b in range(nb):
-                _sum_q6_block(ql, qh, t, b, xq, i, b * QK, part)
+                _sum_q6_block(ql, qh, t, b, xq, i, b * QK, part)   # literal h, s: faster than loops here
                 _acc_q6_k(acc[i], part, sc[t, b], d[t, b], dy[i, b])
     else:
         w = np.empty((QK, R), I16)
