@@ -1,6 +1,7 @@
 """Speed of the CPU backend's matmul kernels (ggflow.backends_builtin.cpu.quant_matmul).
 
-    python benchmarks/bench_matmul.py [--threads 1 2] [--types Q4_0 Q4_K ...] [--quick] [--no-cold]
+    python benchmarks/bench_matmul.py [--threads 1 2] [--types Q4_0 Q4_K ...] [--quick]
+                                      [--no-cold | --cold-only] [--no-batch]
 
 For every weight type: a matvec (1 token, decode) and a matmul (64 tokens, prompt) at 4096x4096 and
 11008x4096, in GB/s of the weight's GGUF bytes and GFLOP/s (2*n*rows*k / time), beside numpy's F32
@@ -125,6 +126,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer repeats, 4096x4096 only, no cold set")
     ap.add_argument("--no-cold", action="store_true", help="skip the larger-than-L3 set")
     ap.add_argument("--no-batch", action="store_true", help="matvecs only (skip the 64-token matmuls)")
+    ap.add_argument("--cold-only", action="store_true", help="only the larger-than-L3 set")
     args = ap.parse_args()
     unknown = set(args.types) - qmm.SUPPORTED_TYPES
     if unknown:
@@ -141,7 +143,8 @@ def main() -> None:
         for n in (1, BATCH):
             qmm.mul_mat(pw, np.ones((n, 256), np.float32), np.empty((n, 64), np.float32))
     print(f"kernels ready in {time.perf_counter() - t0:.1f} s (compile or cache load)")
-    bench_shapes(args.types, args.threads, repeats, rng, batch=not args.no_batch)
+    if not args.cold_only:
+        bench_shapes(args.types, args.threads, repeats, rng, batch=not args.no_batch)
     if not (args.quick or args.no_cold):
         bench_cold(args.types, args.threads, repeats, rng)
 
