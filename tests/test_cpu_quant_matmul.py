@@ -207,11 +207,41 @@ def test_batched_path_gives_the_matvec_results_bit_for_bit(w_type):
     np.testing.assert_array_equal(batched, one_by_one)
 
 
+def kernel_pair(w_type: str):
+    """(parallel kernel, serial kernel, activation preparation) of a type."""
+    if w_type in qmm._QUANT:
+        kern = qmm._QUANT[w_type]
+        return kern.kernel, kern.serial, lambda x: qmm.quantize_activations(x, kern.vec_dot_type)
+    _, _, parallel, serial, rounding = qmm._FLOAT[w_type]
+    return parallel, serial, lambda x: ((rounding(x) if rounding else x),)
+
+
+BIG = (520, 2048)      # rows x k: one token is over PARALLEL_MIN_MACS, so mul_mat goes parallel
+
+
+def test_big_products_take_the_parallel_kernels_and_small_ones_the_serial():
+    assert BIG[0] * BIG[1] >= qmm.PARALLEL_MIN_MACS > ROWS * 512 * 3
+
+
+@pytest.mark.parametrize("w_type", LEGACY + KQUANTS + FLOATS)
+def test_parallel_and_serial_kernels_agree_bit_for_bit(w_type):
+    q, _ = weight(w_type, *BIG, seed=12)
+    pw = qmm.pack_weight(q, w_type)
+    x = activations(1, BIG[1], seed=13)
+    parallel, serial, prepare = kernel_pair(w_type)
+    a = np.full((1, BIG[0]), np.nan, np.float32)
+    b = np.full((1, BIG[0]), np.nan, np.float32)
+    parallel(*pw.arrays, *prepare(x), a)
+    serial(*pw.arrays, *prepare(x), b)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(run(pw, x), a)
+
+
 @pytest.mark.parametrize("w_type", ["Q4_0", "Q4_K", "F16"])
 def test_thread_count_does_not_change_results(w_type):
-    q, _ = weight(w_type, 200, 256, seed=9)
+    q, _ = weight(w_type, *BIG, seed=9)
     pw = qmm.pack_weight(q, w_type)
-    x = activations(5, 256)
+    x = activations(1, BIG[1])
     before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
@@ -301,7 +331,7 @@ def test_activations_of_the_wrong_width_are_refused():
 def test_kernels_are_cached_on_disk():
     """Every kernel is @njit(cache=True): a cold compile costs seconds per kernel, a cache load ms."""
     from numba.core.caching import NullCache
-    kernels = [k.kernel for k in qmm._QUANT.values()]
-    kernels += [spec[2] for spec in qmm._FLOAT.values()]
+    kernels = [k.kernel for k in qmm._QUANT.values()] + [k.serial for k in qmm._QUANT.values()]
+    kernels += [spec[2] for spec in qmm._FLOAT.values()] + [spec[3] for spec in qmm._FLOAT.values()]
     kernels += [act.quantize_q8_0, act.quantize_q8_1, act.quantize_q8_K]
     assert all(not isinstance(k._cache, NullCache) for k in kernels)

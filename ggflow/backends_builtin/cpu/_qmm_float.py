@@ -129,34 +129,61 @@ def _dots_bf16(w, r, x, i0, nt, out):
             out[i, r] = s
 
 
+@njit(cache=True, fastmath=FAST)
+def _task_f32(w, x, out, task):
+    for r in range(task * ROWS_PER_TASK, min(w.shape[0], (task + 1) * ROWS_PER_TASK)):
+        for i0 in range(0, x.shape[0], TOKENS):
+            _dots_f32(w, r, x, i0, min(TOKENS, x.shape[0] - i0), out)
+
+
 @njit(cache=True, fastmath=FAST, parallel=True)
 def mul_mat_f32(w, x, out):
-    rows = w.shape[0]
-    n = x.shape[0]
-    for task in prange(-(-rows // ROWS_PER_TASK)):
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            for i0 in range(0, n, TOKENS):
-                _dots_f32(w, r, x, i0, min(TOKENS, n - i0), out)
+    for task in prange(-(-w.shape[0] // ROWS_PER_TASK)):
+        _task_f32(w, x, out, task)
+
+
+@njit(cache=True, fastmath=FAST)
+def mul_mat_f32_serial(w, x, out):
+    for task in range(-(-w.shape[0] // ROWS_PER_TASK)):
+        _task_f32(w, x, out, task)
+
+
+@njit(cache=True, fastmath=FAST)
+def _task_f16(w, x, out, task):
+    for r in range(task * ROWS_PER_TASK, min(w.shape[0], (task + 1) * ROWS_PER_TASK)):
+        for i0 in range(0, x.shape[0], TOKENS):
+            _dots_f16(w, r, x, i0, min(TOKENS, x.shape[0] - i0), out)
 
 
 @njit(cache=True, fastmath=FAST, parallel=True)
 def mul_mat_f16(w, x, out):
-    rows = w.shape[0]
-    n = x.shape[0]
-    for task in prange(-(-rows // ROWS_PER_TASK)):
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            for i0 in range(0, n, TOKENS):
-                _dots_f16(w, r, x, i0, min(TOKENS, n - i0), out)
+    for task in prange(-(-w.shape[0] // ROWS_PER_TASK)):
+        _task_f16(w, x, out, task)
+
+
+@njit(cache=True, fastmath=FAST)
+def mul_mat_f16_serial(w, x, out):
+    for task in range(-(-w.shape[0] // ROWS_PER_TASK)):
+        _task_f16(w, x, out, task)
+
+
+@njit(cache=True, fastmath=FAST)
+def _task_bf16(w, x, out, task):
+    for r in range(task * ROWS_PER_TASK, min(w.shape[0], (task + 1) * ROWS_PER_TASK)):
+        for i0 in range(0, x.shape[0], TOKENS):
+            _dots_bf16(w, r, x, i0, min(TOKENS, x.shape[0] - i0), out)
 
 
 @njit(cache=True, fastmath=FAST, parallel=True)
 def mul_mat_bf16(w, x, out):
-    rows = w.shape[0]
-    n = x.shape[0]
-    for task in prange(-(-rows // ROWS_PER_TASK)):
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            for i0 in range(0, n, TOKENS):
-                _dots_bf16(w, r, x, i0, min(TOKENS, n - i0), out)
+    for task in prange(-(-w.shape[0] // ROWS_PER_TASK)):
+        _task_bf16(w, x, out, task)
+
+
+@njit(cache=True, fastmath=FAST)
+def mul_mat_bf16_serial(w, x, out):
+    for task in range(-(-w.shape[0] // ROWS_PER_TASK)):
+        _task_bf16(w, x, out, task)
 
 
 def round_to_f16(x: np.ndarray) -> np.ndarray:

@@ -550,3 +550,35 @@ def mul_mat_q5_k(qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
 def mul_mat_q6_k(ql, qh, sc, d, xq, dy, bsums, out):
     for t in prange(ql.shape[0]):
         _tile_q6_k(t, ql, qh, sc, d, xq, dy, bsums, out)
+
+
+# ---------------------------------------------------------------------------------- serial drivers
+# For small products, where starting a parallel region costs more than the work (see threads.py).
+@njit(cache=True)
+def mul_mat_q2_k_serial(qs, sc, d, dmin, xq, dy, bsums, out):
+    for t in range(qs.shape[0]):
+        _tile_q2_k(t, qs, sc, d, dmin, xq, dy, bsums, out)
+
+
+@njit(cache=True)
+def mul_mat_q3_k_serial(qs, sc, d, xq, dy, bsums, out):
+    for t in range(qs.shape[0]):
+        _tile_q3_k(t, qs, sc, d, xq, dy, bsums, out)
+
+
+@njit(cache=True)
+def mul_mat_q4_k_serial(qs, sc, mn, d, dmin, xq, dy, bsums, out):
+    for t in range(qs.shape[0]):
+        _tile_q4_k(t, qs, sc, mn, d, dmin, xq, dy, bsums, out)
+
+
+@njit(cache=True)
+def mul_mat_q5_k_serial(qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
+    for t in range(qs.shape[0]):
+        _tile_q5_k(t, qs, qh, sc, mn, d, dmin, xq, dy, bsums, out)
+
+
+@njit(cache=True)
+def mul_mat_q6_k_serial(ql, qh, sc, d, xq, dy, bsums, out):
+    for t in range(ql.shape[0]):
+        _tile_q6_k(t, ql, qh, sc, d, xq, dy, bsums, out)

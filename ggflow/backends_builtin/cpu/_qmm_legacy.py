@@ -386,3 +386,35 @@ def mul_mat_q5_1(qs, qh, d, m, xq, dx, xs, out):
 def mul_mat_q8_0(qs, d, xq, dx, xsum, out):
     for t in prange(qs.shape[0]):
         _tile_q8_0(t, qs, d, xq, dx, xsum, out)
+
+
+# ---------------------------------------------------------------------------------- serial drivers
+# For small products, where starting a parallel region costs more than the work (see threads.py).
+@njit(cache=True)
+def mul_mat_q4_0_serial(qs, d, xq, dx, xsum, out):
+    for t in range(qs.shape[0]):
+        _tile_q4_0(t, qs, d, xq, dx, xsum, out)
+
+
+@njit(cache=True)
+def mul_mat_q4_1_serial(qs, d, m, xq, dx, xs, out):
+    for t in range(qs.shape[0]):
+        _tile_q4_1(t, qs, d, m, xq, dx, xs, out)
+
+
+@njit(cache=True)
+def mul_mat_q5_0_serial(qs, qh, d, xq, dx, xsum, out):
+    for t in range(qs.shape[0]):
+        _tile_q5_0(t, qs, qh, d, xq, dx, xsum, out)
+
+
+@njit(cache=True)
+def mul_mat_q5_1_serial(qs, qh, d, m, xq, dx, xs, out):
+    for t in range(qs.shape[0]):
+        _tile_q5_1(t, qs, qh, d, m, xq, dx, xs, out)
+
+
+@njit(cache=True)
+def mul_mat_q8_0_serial(qs, d, xq, dx, xsum, out):
+    for t in range(qs.shape[0]):
+        _tile_q8_0(t, qs, d, xq, dx, xsum, out)

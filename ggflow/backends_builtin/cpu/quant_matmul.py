@@ -31,6 +31,11 @@ from ggflow.backends_builtin.cpu import _qmm_legacy as leg
 from ggflow.backends_builtin.cpu._qmm_layout import TILE
 from ggflow.errors import BackendError, ShapeError
 
+# Below this many multiply-adds (n * rows * k) a product runs on the calling thread: starting a
+# parallel region costs 10-20 us on an idle machine and a scheduler slice (ms) on a busy one, more
+# than a small weight takes (1 Mi multiply-adds: about 0.1 ms on one core).
+PARALLEL_MIN_MACS = 1 << 20
+
 @dataclass(frozen=True)
 class _QuantKernels:
     block_size: int
@@ -38,26 +43,27 @@ class _QuantKernels:
     vec_dot_type: str                    # "Q8_0" | "Q8_1" | "Q8_K"
     pack: Callable[[np.ndarray, int, int], tuple]
     kernel: Callable                     # (*packed arrays, *quantized activations, out) -> None
+    serial: Callable                     # the same on the calling thread only, for small products
 
 
 _QUANT: dict[str, _QuantKernels] = {
-    "Q4_0": _QuantKernels(32, 18, "Q8_0", leg.pack_q4_0, leg.mul_mat_q4_0),
-    "Q4_1": _QuantKernels(32, 20, "Q8_1", leg.pack_q4_1, leg.mul_mat_q4_1),
-    "Q5_0": _QuantKernels(32, 22, "Q8_0", leg.pack_q5_0, leg.mul_mat_q5_0),
-    "Q5_1": _QuantKernels(32, 24, "Q8_1", leg.pack_q5_1, leg.mul_mat_q5_1),
-    "Q8_0": _QuantKernels(32, 34, "Q8_0", leg.pack_q8_0, leg.mul_mat_q8_0),
-    "Q2_K": _QuantKernels(256, 84, "Q8_K", kq.pack_q2_k, kq.mul_mat_q2_k),
-    "Q3_K": _QuantKernels(256, 110, "Q8_K", kq.pack_q3_k, kq.mul_mat_q3_k),
-    "Q4_K": _QuantKernels(256, 144, "Q8_K", kq.pack_q4_k, kq.mul_mat_q4_k),
-    "Q5_K": _QuantKernels(256, 176, "Q8_K", kq.pack_q5_k, kq.mul_mat_q5_k),
-    "Q6_K": _QuantKernels(256, 210, "Q8_K", kq.pack_q6_k, kq.mul_mat_q6_k),
+    "Q4_0": _QuantKernels(32, 18, "Q8_0", leg.pack_q4_0, leg.mul_mat_q4_0, leg.mul_mat_q4_0_serial),
+    "Q4_1": _QuantKernels(32, 20, "Q8_1", leg.pack_q4_1, leg.mul_mat_q4_1, leg.mul_mat_q4_1_serial),
+    "Q5_0": _QuantKernels(32, 22, "Q8_0", leg.pack_q5_0, leg.mul_mat_q5_0, leg.mul_mat_q5_0_serial),
+    "Q5_1": _QuantKernels(32, 24, "Q8_1", leg.pack_q5_1, leg.mul_mat_q5_1, leg.mul_mat_q5_1_serial),
+    "Q8_0": _QuantKernels(32, 34, "Q8_0", leg.pack_q8_0, leg.mul_mat_q8_0, leg.mul_mat_q8_0_serial),
+    "Q2_K": _QuantKernels(256, 84, "Q8_K", kq.pack_q2_k, kq.mul_mat_q2_k, kq.mul_mat_q2_k_serial),
+    "Q3_K": _QuantKernels(256, 110, "Q8_K", kq.pack_q3_k, kq.mul_mat_q3_k, kq.mul_mat_q3_k_serial),
+    "Q4_K": _QuantKernels(256, 144, "Q8_K", kq.pack_q4_k, kq.mul_mat_q4_k, kq.mul_mat_q4_k_serial),
+    "Q5_K": _QuantKernels(256, 176, "Q8_K", kq.pack_q5_k, kq.mul_mat_q5_k, kq.mul_mat_q5_k_serial),
+    "Q6_K": _QuantKernels(256, 210, "Q8_K", kq.pack_q6_k, kq.mul_mat_q6_k, kq.mul_mat_q6_k_serial),
 }
 
-# element dtype, bytes per element, kernel, activation rounding
+# element dtype, bytes per element, kernel, serial kernel, activation rounding
 _FLOAT = {
-    "F32": (np.float32, 4, flt.mul_mat_f32, None),
-    "F16": (np.uint16, 2, flt.mul_mat_f16, flt.round_to_f16),
-    "BF16": (np.uint16, 2, flt.mul_mat_bf16, flt.round_to_bf16),
+    "F32": (np.float32, 4, flt.mul_mat_f32, flt.mul_mat_f32_serial, None),
+    "F16": (np.uint16, 2, flt.mul_mat_f16, flt.mul_mat_f16_serial, flt.round_to_f16),
+    "BF16": (np.uint16, 2, flt.mul_mat_bf16, flt.mul_mat_bf16_serial, flt.round_to_bf16),
 }
 
 SUPPORTED_TYPES: frozenset[str] = frozenset(_QUANT) | frozenset(_FLOAT)
@@ -105,7 +111,7 @@ def pack_weight(w: np.ndarray, w_type: str) -> PackedWeight:
 
 
 def _pack_float(w: np.ndarray, w_type: str) -> PackedWeight:
-    dtype, size, _, _ = _FLOAT[w_type]
+    dtype, size = _FLOAT[w_type][:2]
     if w.dtype == np.uint8:
         if w.shape[1] % size:
             raise ShapeError(f"{w_type} rows of {w.shape[1]} bytes are not whole {size}-byte elements")
@@ -130,12 +136,13 @@ def mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
     if n == 0 or pw.rows == 0:
         return
     target = out if out.flags.c_contiguous else np.empty((n, pw.rows), np.float32)
+    parallel = n * pw.rows * pw.k >= PARALLEL_MIN_MACS
     if pw.w_type in _FLOAT:
-        _, _, kernel, rounding = _FLOAT[pw.w_type]
-        kernel(pw.arrays[0], rounding(x) if rounding else x, target)
+        _, _, kernel, serial, rounding = _FLOAT[pw.w_type]
+        (kernel if parallel else serial)(pw.arrays[0], rounding(x) if rounding else x, target)
     else:
         kern = _QUANT[pw.w_type]
-        kern.kernel(*pw.arrays, *quantize_activations(x, kern.vec_dot_type), target)
+        (kern.kernel if parallel else kern.serial)(*pw.arrays, *quantize_activations(x, kern.vec_dot_type), target)
     if target is not out:
         out[...] = target
 
