@@ -5,7 +5,7 @@ loops, because LLVM sizes its vectors after the widest type in a loop:
 
 * an integer loop that only touches 8/16-bit values: for each group of products small enough to
   fit int16 (16 products of a 4-bit quant and an int8 activation: |sum| <= 16*15*127 < 2**15),
-  the sum across TILE rows in int16 lanes (16 per 256-bit vector);
+  the sum across TILE rows in int16 lanes (32 per 512-bit vector, see ``_qmm_int16.wide_vectors``);
 * a loop that widens those partial sums to int32, applies the block scales and accumulates in f32.
 
 The integer sums are exactly the ones ggml's ``vec_dot`` forms; only the order of the float
@@ -16,13 +16,13 @@ Quant bytes are read as little-endian uint16 words, two bytes of one row per lan
 then needs no byte-to-word widening (a shuffle-port instruction), only shifts and masks.
 
 The j loops stay short (8 or 16 steps) so LLVM unrolls them completely and vectorizes the row loop
-around them; with a longer body the j loop stays rolled and nothing is vectorized.
+around them; with a longer body the j loop stays rolled and nothing is vectorized. Helpers are
+inlined into the tile functions (``inline="always"``): compiled alone, LLVM vectorizes them worse.
 
-Each type has one parallel driver, ``mul_mat_<type>``, whose prange body is a single call: a tile
-function compiled on its own (numba's parfor passes and IR inlining over big bodies are what cost
-compile time). Few tokens take the matvec tile function, which decodes and multiplies in one pass
-per token; more take the batched one, which decodes a block of the tile once into int16 and reuses
-it for every token.
+Each type has a tile function, ``_tile_<type>(t, ...)``, a parallel driver ``mul_mat_<type>`` whose
+prange body is that single call (numba's parfor passes over big bodies cost compile time), and a
+serial driver for small products. Up to MATVEC_MAX_TOKENS tokens a tile decodes and multiplies in one
+pass per token; more tokens decode each block of the tile once into int16 and reuse it for every token.
 """
 from __future__ import annotations
 

@@ -9,13 +9,15 @@ dot products are exact integers, and the scales are applied and accumulated in f
 weights take activations rounded to F16 / BF16; F32 weights take them as they are.
 
 Quantized weights are repacked once into a row-tiled layout (see ``_qmm_layout``): a copy about
-the size of the GGUF data, with the f16 scales widened to f32; the mmap'd bytes are not kept.
-F32/F16/BF16 weights are used in place (a reference to ``w``, no copy).
+the size of the GGUF data (+1% to +20%: f16 scales widened to f32, 6-bit scales unpacked; Q3_K +35%,
+its quants widened to nibbles); the mmap'd bytes are not kept. F32/F16/BF16 weights are used in
+place (a reference to ``w``, no copy). docs/performance.md has the per-type figures and speeds.
 
 n == 1 (decode) and small n take the matvec path (one decode-and-multiply pass per token); larger n
 the batched one, which decodes each block of a row tile once and reuses it for all tokens (the
 switch is inside each type's kernel, ``MATVEC_MAX_TOKENS`` of its module).
-Threads: numba's prange over row tiles, as many as ``numba.set_num_threads`` allows.
+Threads: numba's prange over row tiles, as many as ``numba.set_num_threads`` allows; products below
+``PARALLEL_MIN_MACS`` run on the calling thread.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from ggflow.errors import BackendError, ShapeError
 # parallel region costs 10-20 us on an idle machine and a scheduler slice (ms) on a busy one, more
 # than a small weight takes (1 Mi multiply-adds: about 0.1 ms on one core).
 PARALLEL_MIN_MACS = 1 << 20
+
 
 @dataclass(frozen=True)
 class _QuantKernels:
