@@ -77,12 +77,15 @@ def _q3_as_nibbles(blocks: np.ndarray) -> np.ndarray:
     does, so the load-time repack spends 32 more bytes per 256 weights (128 instead of 96) on it.
     """
     rows, nb, _ = blocks.shape
-    qs = blocks[:, :, 32:96].reshape(rows, nb, 2, 1, 32)                  # [h, -, l]
-    hmask = blocks[:, :, 0:32].reshape(rows, nb, 1, 1, 32)
-    h, s = np.arange(2).reshape(2, 1, 1), np.arange(4).reshape(1, 4, 1)
-    u = ((qs >> (2 * s)) & 3) | (((hmask >> (4 * h + s)) & 1) << 2)     # [h, s, l] -> 128h + 32s + l
-    u = u.astype(np.uint8).reshape(rows, nb, 4, 2, 32)                   # [c, lo/hi, l] -> 64c + 32hi + l
-    nibbles = u[:, :, :, 0, :] | (u[:, :, :, 1, :] << 4)
+    qs = blocks[:, :, 32:96].reshape(rows, nb, 2, 32)                     # [h, l]
+    hmask = blocks[:, :, 0:32]                                           # [l]
+    u = np.empty((rows, nb, 2, 4, 32), np.uint8)                         # [h, s, l] -> 128h + 32s + l
+    for h in range(2):           # 8 whole-array steps in uint8 (numpy would widen to int64 otherwise)
+        for s in range(4):
+            u[:, :, h, s] = ((qs[:, :, h] >> np.uint8(2 * s)) & np.uint8(3)) | (
+                ((hmask >> np.uint8(4 * h + s)) & np.uint8(1)) << np.uint8(2))
+    u = u.reshape(rows, nb, 4, 2, 32)                                    # [c, lo/hi, l] -> 64c + 32hi + l
+    nibbles = u[:, :, :, 0, :] | (u[:, :, :, 1, :] << np.uint8(4))
     return tile_rows(np.ascontiguousarray(nibbles.reshape(rows, nb, 128)).view(np.uint16))
 
 
