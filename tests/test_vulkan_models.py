@@ -139,3 +139,20 @@ def test_greedy_decoding_matches_llamacpp(name):
     assert rel < (1e-3 if name.endswith("f32") else 5e-2)
     assert (np.argmax(logits, axis=1) == np.array(greedy)).all()
     assert {s.backend.name for s in ctx.scheduler.splits} == {"vulkan"}
+
+
+@pytest.mark.integration
+def test_smollm2_answers_the_same_on_vulkan_as_on_the_cpu():
+    """The real default model: the same greedy chat answer from both backends (lavapipe: ~30 s)."""
+    from ggflow.api import LLM, default_model_path
+    from ggflow.errors import GGFlowError
+
+    try:
+        default_model_path()
+    except GGFlowError as exc:
+        pytest.skip(str(exc))
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What is the capital of France?"}]
+    answers = [LLM(backend=backend, n_ctx=128).create_chat_completion(messages, max_tokens=8, temperature=0)
+               ["choices"][0]["message"]["content"] for backend in (["vulkan"], ["cpu"])]
+    assert answers[0] == answers[1] and "Paris" in answers[0]
