@@ -61,9 +61,10 @@ class Completion:
 class Generation:
     """A streamed generation: iterate for text pieces; ``result`` holds the Completion once it is done."""
 
-    def __init__(self, pieces: Iterator[str]):
-        self._pieces = pieces
+    def __init__(self, produce: "Callable[[Generation], Iterator[str]]"):
+        """produce(self) yields the pieces and sets ``self.result`` when it finishes."""
         self.result: Completion | None = None
+        self._pieces = produce(self)
 
     def __iter__(self) -> "Generation":
         return self
@@ -167,8 +168,7 @@ class LLM:
         tokens = (self.tokenize(prompt, add_special=add_special, parse_special=parse_special)
                   if isinstance(prompt, str) else [int(t) for t in prompt])
         chain = self._sampler_chain(sampling, sampling_options, logits_processor)
-        generation = Generation(iter(()))
-        generation._pieces = self._generate(tokens, max_tokens, list(stop), chain, generation)
+        generation = Generation(lambda g: self._generate(tokens, max_tokens, list(stop), chain, g))
         if stream:
             return generation
         for _ in generation:
