@@ -23,9 +23,10 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 F32 = np.float32
-COLS = 64     # output columns per task: a tile row (256 bytes) spans whole vectors
-DEPTH = 64    # kk per tile: a 64 x 64 float32 tile (16 KiB) stays in L1 while every row of the task reads it
-ROWS = 64     # output rows per task: enough to amortize filling the tile, enough tasks for the threads
+COLS = 64          # output columns per tile: a tile row (256 bytes) spans whole vectors
+DEPTH = 256        # kk per tile (64 KiB, in L2): each row's x is read in runs of 1 KiB, which prefetch well
+ROWS = 128         # output rows per task: each tile is filled once for this many rows
+GROUP_COLS = 512   # output columns per task: each row's x is loaded once for this many columns
 # Below this many multiply-adds (~0.1 ms on one core) a call runs serially: waking the other threads costs
 # 10-20 us on an idle machine and a scheduler time slice on a busy one (see threads.py).
 PARALLEL_MIN_MACS = 1 << 20
@@ -70,15 +71,20 @@ def round_to_f16(typingctx, v):
 
 @njit(cache=True, fastmath=False, inline="always")
 def _fill_tile(a, ia3, ia2, c0, nc, k0, nk, tile):
-    """tile[r, c] = float32 a[ia3, ia2, c0 + c, k0 + r]; the loop order follows a's shorter stride."""
+    """tile[r, c] = float32 a[ia3, ia2, c0 + c, k0 + r]; the loop order follows a's shorter stride.
+
+    Slices indexed by loop variables, as in _accumulate_row: no negative-index wraparound per element.
+    """
     if a.strides[3] <= a.strides[2]:        # rows of a run along kk (K): read along kk
         for c in range(nc):
+            a_row = a[ia3, ia2, c0 + c, k0:k0 + nk]
             for r in range(nk):
-                tile[r, c] = as_f32(a[ia3, ia2, c0 + c, k0 + r])
+                tile[r, c] = as_f32(a_row[r])
     else:                                   # columns of a run along kk (V seen transposed)
         for r in range(nk):
+            a_col, tile_row = a[ia3, ia2, c0:c0 + nc, k0 + r], tile[r]
             for c in range(nc):
-                tile[r, c] = as_f32(a[ia3, ia2, c0 + c, k0 + r])
+                tile_row[c] = as_f32(a_col[c])
 
 
 @njit(cache=True, fastmath=False, inline="always")
@@ -148,52 +154,55 @@ def _b_index(row, ia3, ia2, r3, r2, n):
 
 @njit(cache=True, fastmath=False, inline="always")
 def _run_task(a, x, out, round_x, task):
-    """One (a matrix, column block, row block): the rows are those of every b matrix that uses a's matrix."""
+    """One (a matrix, row block, column group); the rows are those of every b matrix that uses a's matrix.
+
+    For each depth block: the rows' x once (rounded, in xs), then per column block one tile of a, read by
+    every row. The loops only decide what runs when: each output still takes its kk in order.
+    """
     n_a3, n_a2, m, k = a.shape
     n_b3, n_b2, n, _ = x.shape
     r3, r2 = n_b3 // n_a3, n_b2 // n_a2
-    n_col_blocks = -(-m // COLS)
+    n_col_groups = -(-m // GROUP_COLS)
     n_row_blocks = -(-(r3 * r2 * n) // ROWS)
     task = np.int64(task)                   # prange's index may be unsigned: keep the index arithmetic integer
-    ia, rest = task // (n_col_blocks * n_row_blocks), task % (n_col_blocks * n_row_blocks)
-    cb, rb = rest // n_row_blocks, rest % n_row_blocks
+    ia, rest = task // (n_col_groups * n_row_blocks), task % (n_col_groups * n_row_blocks)
+    cg, rb = rest // n_row_blocks, rest % n_row_blocks
     ia3, ia2 = ia // n_a2, ia % n_a2
-    c0 = cb * COLS
-    c1 = min(m, c0 + COLS)
+    g0, g1 = cg * GROUP_COLS, min(m, (cg + 1) * GROUP_COLS)
     row0, row1 = rb * ROWS, min(r3 * r2 * n, (rb + 1) * ROWS)
     tile = np.empty((DEPTH, COLS), dtype=F32)
-    xs = np.empty((4, DEPTH), dtype=F32)
+    xs = np.empty((ROWS, DEPTH), dtype=F32)
     for row in range(row0, row1):
         i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
-        out[i3, i2, t, c0:c1] = F32(0)
+        out[i3, i2, t, g0:g1] = F32(0)
     for k0 in range(0, k, DEPTH):
         nk = min(DEPTH, k - k0)
-        _fill_tile(a, ia3, ia2, c0, c1 - c0, k0, nk, tile)
-        row = row0
-        while row + 4 <= row1:
+        for row in range(row0, row1):
             i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
-            j3, j2, u = _b_index(row + 1, ia3, ia2, r3, r2, n)
-            l3, l2, v = _b_index(row + 2, ia3, ia2, r3, r2, n)
-            h3, h2, w = _b_index(row + 3, ia3, ia2, r3, r2, n)
-            _load_x(x, i3, i2, t, k0, nk, round_x, xs[0])
-            _load_x(x, j3, j2, u, k0, nk, round_x, xs[1])
-            _load_x(x, l3, l2, v, k0, nk, round_x, xs[2])
-            _load_x(x, h3, h2, w, k0, nk, round_x, xs[3])
-            _accumulate_4_rows(out[i3, i2, t, c0:c1], out[j3, j2, u, c0:c1], out[l3, l2, v, c0:c1],
-                               out[h3, h2, w, c0:c1], xs, tile, nk)
-            row += 4
-        while row < row1:
-            i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
-            _load_x(x, i3, i2, t, k0, nk, round_x, xs[0])
-            _accumulate_row(out[i3, i2, t, c0:c1], xs[0], tile, nk)
-            row += 1
+            _load_x(x, i3, i2, t, k0, nk, round_x, xs[row - row0])
+        for c0 in range(g0, g1, COLS):
+            c1 = min(g1, c0 + COLS)
+            _fill_tile(a, ia3, ia2, c0, c1 - c0, k0, nk, tile)
+            row = row0
+            while row + 4 <= row1:
+                i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
+                j3, j2, u = _b_index(row + 1, ia3, ia2, r3, r2, n)
+                l3, l2, v = _b_index(row + 2, ia3, ia2, r3, r2, n)
+                h3, h2, w = _b_index(row + 3, ia3, ia2, r3, r2, n)
+                _accumulate_4_rows(out[i3, i2, t, c0:c1], out[j3, j2, u, c0:c1], out[l3, l2, v, c0:c1],
+                                   out[h3, h2, w, c0:c1], xs[row - row0:row - row0 + 4], tile, nk)
+                row += 4
+            while row < row1:
+                i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
+                _accumulate_row(out[i3, i2, t, c0:c1], xs[row - row0], tile, nk)
+                row += 1
 
 
 def n_tasks(a_shape: tuple[int, ...], x_shape: tuple[int, ...]) -> int:
     n_a3, n_a2, m, _ = a_shape
     n_b3, n_b2, n, _ = x_shape
     n_rows = (n_b3 // n_a3) * (n_b2 // n_a2) * n
-    return n_a3 * n_a2 * -(-m // COLS) * -(-n_rows // ROWS)
+    return n_a3 * n_a2 * -(-m // GROUP_COLS) * -(-n_rows // ROWS)
 
 
 @njit(cache=True, fastmath=False, parallel=True)
