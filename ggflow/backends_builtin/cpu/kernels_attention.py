@@ -9,11 +9,12 @@ cache the softmax probabilities are rounded to F16 before V x P, and the attenti
 Q8 before the output projection, so one flipped rounding moves logits by 1e-3..1 (a prompt evaluated in
 one batch, then its last token re-evaluated alone after a KV-prefix reuse, gave another greedy answer).
 
-No fastmath: LLVM must then keep each accumulator's additions in program order (no reassociation, no FMA
-contraction), so vectorized and scalar code give the same bits. It vectorizes over the output columns i
+Each product is added with an explicit fused multiply-add (llvm.fma, one rounding, as ggml's SIMD dots do)
+and without fastmath, so LLVM keeps each accumulator's operations in program order: vector and scalar
+code, the serial and the parallel driver, give the same bits. It vectorizes over the output columns i
 instead: a is read as tiles tile[kk, i] (F16 widened exactly to float32, transposed where a's rows run
-along kk, as K's do), and each row's accumulators out[t, i0:i0+COLS] take ``x[kk] * tile[kk, :]`` for kk
-in order. Like ggml's F16 dot (vec_dot_type F16), x is rounded to F16 first when a is F16.
+along kk, as K's do), and each row's accumulators out[t, i0:i0+COLS] take fma(x[kk], tile[kk, :], .) for
+kk in order. Like ggml's F16 dot (vec_dot_type F16), x is rounded to F16 first when a is F16.
 """
 from __future__ import annotations
 
@@ -70,28 +71,39 @@ def round_to_f16(typingctx, v):
 
 
 @njit(cache=True, fastmath=False, inline="always")
-def _fill_tile(a, ia3, ia2, c0, nc, k0, nk, tile):
-    """tile[r, c] = float32 a[ia3, ia2, c0 + c, k0 + r]; the loop order follows a's shorter stride.
+def _fill_tile(a, a_step, ia3, ia2, c0, nc, k0, nk, tile):
+    """tile[r, c] = float32 a[ia3, ia2, c0 + c, k0 + r], a given as its memory (1-D) and element steps.
 
-    Slices indexed by loop variables, as in _accumulate_row: no negative-index wraparound per element.
+    Where one of a's steps is 1, the copy reads runs of contiguous elements through slices of the 1-D
+    array, which LLVM vectorizes (F16 included: vcvtph2ps); numba's strided 4-D indexing stays scalar.
     """
-    if a.strides[3] <= a.strides[2]:        # rows of a run along kk (K): read along kk
+    s3, s2, s_col, s_kk = a_step
+    base = ia3 * s3 + ia2 * s2 + c0 * s_col + k0 * s_kk
+    if s_kk == 1:                           # rows of a run along kk (K): read a row, write a tile column
         for c in range(nc):
-            a_row = a[ia3, ia2, c0 + c, k0:k0 + nk]
+            a_row = a[base + c * s_col:base + c * s_col + nk]
             for r in range(nk):
                 tile[r, c] = as_f32(a_row[r])
-    else:                                   # columns of a run along kk (V seen transposed)
+    elif s_col == 1:                        # columns of a run along kk (V seen transposed): row by row
         for r in range(nk):
-            a_col, tile_row = a[ia3, ia2, c0:c0 + nc, k0 + r], tile[r]
+            a_row, tile_row = a[base + r * s_kk:base + r * s_kk + nc], tile[r]
             for c in range(nc):
-                tile_row[c] = as_f32(a_col[c])
+                tile_row[c] = as_f32(a_row[c])
+    else:
+        for r in range(nk):
+            for c in range(nc):
+                tile[r, c] = as_f32(a[base + c * s_col + r * s_kk])
 
 
 @njit(cache=True, fastmath=False, inline="always")
 def _load_x(x, i3, i2, t, k0, nk, round_x, xs):
-    for r in range(nk):
-        v = as_f32(x[i3, i2, t, k0 + r])
-        xs[r] = round_to_f16(v) if round_x else v
+    x_row = x[i3, i2, t, k0:k0 + nk]
+    if round_x:
+        for r in range(nk):
+            xs[r] = round_to_f16(as_f32(x_row[r]))
+    else:
+        for r in range(nk):
+            xs[r] = as_f32(x_row[r])
 
 
 @njit(cache=True, fastmath=False, inline="always")
@@ -153,13 +165,13 @@ def _b_index(row, ia3, ia2, r3, r2, n):
 
 
 @njit(cache=True, fastmath=False, inline="always")
-def _run_task(a, x, out, round_x, task):
+def _run_task(a, a_shape, a_step, x, out, round_x, task):
     """One (a matrix, row block, column group); the rows are those of every b matrix that uses a's matrix.
 
     For each depth block: the rows' x once (rounded, in xs), then per column block one tile of a, read by
     every row. The loops only decide what runs when: each output still takes its kk in order.
     """
-    n_a3, n_a2, m, k = a.shape
+    n_a3, n_a2, m, k = a_shape
     n_b3, n_b2, n, _ = x.shape
     r3, r2 = n_b3 // n_a3, n_b2 // n_a2
     n_col_groups = -(-m // GROUP_COLS)
@@ -171,7 +183,7 @@ def _run_task(a, x, out, round_x, task):
     g0, g1 = cg * GROUP_COLS, min(m, (cg + 1) * GROUP_COLS)
     row0, row1 = rb * ROWS, min(r3 * r2 * n, (rb + 1) * ROWS)
     tile = np.empty((DEPTH, COLS), dtype=F32)
-    xs = np.empty((ROWS, DEPTH), dtype=F32)
+    xs = np.empty((row1 - row0, DEPTH), dtype=F32)
     for row in range(row0, row1):
         i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
         out[i3, i2, t, g0:g1] = F32(0)
@@ -182,7 +194,7 @@ def _run_task(a, x, out, round_x, task):
             _load_x(x, i3, i2, t, k0, nk, round_x, xs[row - row0])
         for c0 in range(g0, g1, COLS):
             c1 = min(g1, c0 + COLS)
-            _fill_tile(a, ia3, ia2, c0, c1 - c0, k0, nk, tile)
+            _fill_tile(a, a_step, ia3, ia2, c0, c1 - c0, k0, nk, tile)
             row = row0
             while row + 4 <= row1:
                 i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
@@ -206,14 +218,25 @@ def n_tasks(a_shape: tuple[int, ...], x_shape: tuple[int, ...]) -> int:
 
 
 @njit(cache=True, fastmath=False, parallel=True)
-def mul_mat_fixed_order_parallel(a, x, out, round_x, n_tasks):
-    """a (A3, A2, m, k) float32 or F16 bits (uint16), x (B3, B2, n, k) likewise, any strides;
-    out (B3, B2, n, m) float32 with unit stride along m. B3, B2 multiples of A3, A2 (broadcast, GQA)."""
+def mul_mat_fixed_order_parallel(a, a_shape, a_step, x, out, round_x, n_tasks):
+    """a: the memory of a (A3, A2, m, k) operand, 1-D float32 or F16 bits (uint16), read at element steps
+    a_step; x (B3, B2, n, k) float32 or F16 bits, any strides; out (B3, B2, n, m) float32. B3 and B2 are
+    multiples of A3 and A2 (broadcast, GQA). round_x: round x to F16 first (a is F16)."""
     for task in prange(n_tasks):
-        _run_task(a, x, out, round_x, task)
+        _run_task(a, a_shape, a_step, x, out, round_x, task)
 
 
 @njit(cache=True, fastmath=False)
-def mul_mat_fixed_order_serial(a, x, out, round_x, n_tasks):
+def mul_mat_fixed_order_serial(a, a_shape, a_step, x, out, round_x, n_tasks):
     for task in range(n_tasks):
-        _run_task(a, x, out, round_x, task)
+        _run_task(a, a_shape, a_step, x, out, round_x, task)
+
+
+def as_memory(view: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+    """A 4-D view -> (its memory as a 1-D array from its first element, its steps in elements)."""
+    steps = tuple(s // view.itemsize for s in view.strides)
+    if any(s < 0 or s * view.itemsize != stride for s, stride in zip(steps, view.strides)):
+        view = np.ascontiguousarray(view)                  # negative or odd strides: never from ggml views
+        steps = tuple(s // view.itemsize for s in view.strides)
+    span = 1 + sum((n - 1) * s for n, s in zip(view.shape, steps)) if view.size else 0
+    return np.lib.stride_tricks.as_strided(view, (span,), (view.itemsize,)), steps

@@ -152,34 +152,40 @@ def _bind_weight_gemm(node: Tensor, arrays: TensorArrays) -> Kernel:
 
 
 def _bind_fixed_order(node: Tensor, arrays: TensorArrays) -> Kernel:
-    """State that changes between computes (K and V views of the cache): kernels_attention's kernel."""
+    """State that changes between computes (K and V views of the cache): kernels_attention's kernel.
+
+    F32 and F16 operands are read where they lie (the views are bound once; their contents change);
+    other types are converted to float32 on each run, x rounded to a's vec_dot_type (Q8_0, ...) here.
+    """
     a, b = node.src
     a_view, b_view, out = arrays.view(a), arrays.view(b), arrays.view(node)
     k, m, n_rows = a.ne[0], a.ne[1], b.ne[1] * b.ne[2] * b.ne[3]
     parallel = n_rows * m * k >= attention.PARALLEL_MIN_MACS
     kernel = attention.mul_mat_fixed_order_parallel if parallel else attention.mul_mat_fixed_order_serial
-    tasks = attention.n_tasks(a_view.shape, b_view.shape)
-    read_a = _native_operand(a_view, a.type) or (lambda: np.ascontiguousarray(to_f32(a_view, a.type)))
-    read_x, round_x_to_f16 = _native_operand(b_view, b.type), a.type.vec_dot_type == "F16"
-    if read_x is None or a.type.vec_dot_type not in ("F32", "F16"):
-        round_x = vec_dot_rounding(a.type, k)   # e.g. Q8_0 for a quantized cache: done here, not in the kernel
-        read_x, round_x_to_f16 = (lambda: round_x(to_f32(b_view, b.type))), False
+    a_shape = (a.ne[3], a.ne[2], m, k)                              # a_view's rows are bytes if quantized
+    tasks = attention.n_tasks(a_shape, b_view.shape)
+    a_native, x_native = _native_operand(a_view, a.type), _native_operand(b_view, b.type)
+    a_memory = attention.as_memory(a_native) if a_native is not None else None
+    round_x = vec_dot_rounding(a.type, k)
+    x_in_place = x_native is not None and a.type.vec_dot_type in ("F32", "F16")
+    round_x_to_f16 = x_in_place and a.type.vec_dot_type == "F16"
     target = out if out.dtype == F32 and out.strides[-1] == F32.itemsize else np.empty(out.shape, F32)
 
     def run() -> None:
-        kernel(read_a(), read_x(), target, round_x_to_f16, tasks)
+        a_data, a_step = a_memory if a_memory is not None else attention.as_memory(to_f32(a_view, a.type))
+        x = x_native if x_in_place else round_x(to_f32(b_view, b.type))
+        kernel(a_data, a_shape, a_step, x, target, round_x_to_f16, tasks)
         if target is not out:
             out[...] = target
     return run
 
 
-def _native_operand(view: np.ndarray, traits: TypeTraits) -> Callable[[], np.ndarray] | None:
+def _native_operand(view: np.ndarray, traits: TypeTraits) -> np.ndarray | None:
     """What the fixed-order kernel reads in place: F32 as is, F16 as its bits; None for other types."""
     if traits.name == "F32":
-        return lambda: view
+        return view
     if traits.name == "F16":
-        bits = view.view(np.uint16)
-        return lambda: bits
+        return view.view(np.uint16)
     return None
 
 
