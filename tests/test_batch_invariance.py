@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ggflow.api import default_model_path
 from ggflow.backends_builtin.cpu import CPUBackend
 from ggflow.core import ops
 from ggflow.core.backend import HostBuffer
@@ -183,7 +184,6 @@ def test_tiny_model_token_by_token_gives_the_batch_logits_bit_for_bit(tiny_llama
 
 
 def smollm2_path() -> str:
-    from ggflow.api import default_model_path
     try:
         return default_model_path()
     except GGFlowError as exc:
