@@ -142,7 +142,7 @@ class LLM:
                 break
             reuse += 1
         reuse = min(reuse, len(tokens) - 1)  # the last token is evaluated again to get its logits
-        ctx.kv.seq_rm(0, reuse, -1)
+        ctx.memory.seq_rm(0, reuse, -1)
         self._cached = self._cached[:reuse]
         rest = tokens[reuse:]
         if ctx.decode(Batch.from_tokens(rest, pos0=reuse)) != 0:

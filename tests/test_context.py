@@ -33,9 +33,9 @@ def close(a, b, tol=1e-4):
 def test_a_full_cache_returns_1_and_leaves_the_cache_as_it_was(llama):
     ctx = ctx_for(llama, n_ctx=16)
     assert ctx.decode(Batch.from_tokens(TOKENS[:10])) == DECODE_OK
-    before = ctx.kv.pos.copy(), ctx.kv.seq.copy()
+    before = ctx.memory.pos.copy(), ctx.memory.seq.copy()
     assert ctx.decode(Batch.from_tokens(TOKENS[:8], pos0=10)) == DECODE_NO_KV_SLOT
-    assert (ctx.kv.pos == before[0]).all() and (ctx.kv.seq == before[1]).all()
+    assert (ctx.memory.pos == before[0]).all() and (ctx.memory.seq == before[1]).all()
     assert ctx.decode(Batch.from_tokens(TOKENS[:6], pos0=10)) == DECODE_OK
     assert ctx.n_ctx_used == 16
 
@@ -51,10 +51,10 @@ def test_a_full_cache_returns_1_and_leaves_the_cache_as_it_was(llama):
 def test_bad_batches_are_refused_before_anything_changes(llama, batch, message):
     ctx = ctx_for(llama)
     ctx.decode(Batch.from_tokens(TOKENS[:3]))
-    before = ctx.kv.pos.copy()
+    before = ctx.memory.pos.copy()
     with pytest.raises(BatchError, match=message):
         ctx.decode(batch)
-    assert (ctx.kv.pos == before).all()
+    assert (ctx.memory.pos == before).all()
 
 
 def test_a_batch_must_continue_where_its_sequence_ends(llama):
@@ -81,8 +81,8 @@ def test_two_sequences_in_one_batch_are_independent(llama):
 def test_seq_rm_then_rewrite_gives_the_same_logits(llama):
     ctx = ctx_for(llama)
     ctx.decode(Batch.from_tokens(TOKENS[:8]))
-    ctx.kv.seq_rm(0, 5, -1)
-    assert ctx.kv.seq_pos_max(0) == 4
+    ctx.memory.seq_rm(0, 5, -1)
+    assert ctx.memory.seq_pos_max(0) == 4
     ctx.decode(Batch.from_tokens(TOKENS[5:10], pos0=5, all_logits=True))
     close(ctx.get_logits(), logits_of(llama, TOKENS[:10])[5:])
 
@@ -90,7 +90,7 @@ def test_seq_rm_then_rewrite_gives_the_same_logits(llama):
 def test_seq_cp_shares_a_prefix_between_sequences(llama):
     ctx = ctx_for(llama)
     ctx.decode(Batch.from_tokens(TOKENS[:6]))
-    ctx.kv.seq_cp(0, 1)
+    ctx.memory.seq_cp(0, 1)
     used = ctx.n_ctx_used
     ctx.decode(Batch.from_tokens(TOKENS[6:9], pos0=6, seq_id=1, all_logits=True))
     assert ctx.n_ctx_used == used + 3  # the prefix cells are shared, not copied
@@ -100,8 +100,8 @@ def test_seq_cp_shares_a_prefix_between_sequences(llama):
 def test_seq_keep_forgets_other_sequences(llama):
     ctx = ctx_for(llama)
     ctx.decode(Batch(np.array(TOKENS[:4] * 2), np.array(list(range(4)) * 2), np.array([0] * 4 + [1] * 4), True))
-    ctx.kv.seq_keep(1)
-    assert ctx.kv.seq_pos_max(0) == -1 and ctx.kv.seq_pos_max(1) == 3 and ctx.n_ctx_used == 4
+    ctx.memory.seq_keep(1)
+    assert ctx.memory.seq_pos_max(0) == -1 and ctx.memory.seq_pos_max(1) == 3 and ctx.n_ctx_used == 4
 
 
 def test_seq_add_shifts_positions_and_rerotates_cached_keys(llama):
@@ -109,8 +109,8 @@ def test_seq_add_shifts_positions_and_rerotates_cached_keys(llama):
     must continue exactly like tokens evaluated at 0..5: only if the cached keys were re-rotated."""
     ctx = ctx_for(llama)
     ctx.decode(Batch(np.array(TOKENS[:6]), np.arange(10, 16), 0, False))
-    ctx.kv.seq_add(0, 10, -1, -10)
-    assert ctx.kv.seq_pos_min(0) == 0 and ctx.kv.seq_pos_max(0) == 5
+    ctx.memory.seq_add(0, 10, -1, -10)
+    assert ctx.memory.seq_pos_min(0) == 0 and ctx.memory.seq_pos_max(0) == 5
     ctx.decode(Batch.from_tokens(TOKENS[6:8], pos0=6, all_logits=True))
     close(ctx.get_logits(), logits_of(llama, TOKENS[:8])[6:], tol=1e-4)
 
@@ -120,7 +120,7 @@ def test_seq_add_on_a_model_without_rope_is_refused(tiny_model_path):
     ctx = ctx_for(Model.load(tiny_model_path("gpt2")))
     ctx.decode(Batch.from_tokens(TOKENS[:4]))
     with pytest.raises(GGFlowError, match="no RoPE"):
-        ctx.kv.seq_add(0, 0, -1, 2)
+        ctx.memory.seq_add(0, 0, -1, 2)
 
 
 def test_decode_reuses_its_graph_while_the_shape_repeats(llama):

@@ -107,8 +107,8 @@ def test_shifted_positions_rerotate_the_cached_keys_on_vulkan(tiny_model_path, t
     for backends in ("cpu", ["vulkan"]):
         ctx = Context(Model.load(path), n_ctx=64, backends=backends, type_k=type_k)
         ctx.decode(Batch.from_tokens(PROMPT))
-        ctx.kv.seq_rm(0, 2, 4)
-        ctx.kv.seq_add(0, 4, -1, -2)
+        ctx.memory.seq_rm(0, 2, 4)
+        ctx.memory.seq_add(0, 4, -1, -2)
         ctx.decode(Batch.from_tokens([11, 13], pos0=len(PROMPT) - 2, all_logits=True))
         results.append(ctx.get_logits().copy())
     cpu, vk = results

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     info = {"model": path.rsplit("/", 1)[-1], "size_mb": model.size_bytes / 2**20,
             "params_m": model.n_params / 1e6, "backend": ",".join(b.name for b in ctx.backends),
-            "threads": args.threads, "kv_cache_mb": ctx.kv.nbytes / 2**20, "peak_rss_mb": peak_rss_mb,
+            "threads": args.threads, "kv_cache_mb": ctx.memory.nbytes / 2**20, "peak_rss_mb": peak_rss_mb,
             "results": results}
     if args.json:
         print(json.dumps(info, indent=2))

@@ -72,7 +72,7 @@ class Context:
         self.backends = make_backends(backends, n_threads)
         self.backends[0].adopt_weights(model.weights)   # a device backend uploads them once, here
         self.scheduler = Scheduler(self.backends)
-        self.kv = KVCache(model.hparams, self.n_ctx, self.backends[0], type_k, type_v)
+        self.memory = KVCache(model.hparams, self.n_ctx, self.backends[0], type_k, type_v)
         self._built: _BuiltGraph | None = None
         self.n_graph_builds = 0
         self.n_graph_reuses = 0
@@ -98,7 +98,7 @@ class Context:
             pos = batch.pos[batch.seq_id == s]
             if (np.diff(pos) != 1).any():
                 raise BatchError(f"positions of sequence {s} in the batch must increase by one: {pos.tolist()}")
-            last = self.kv.seq_pos_max(int(s))
+            last = self.memory.seq_pos_max(int(s))
             if last >= 0 and pos[0] != last + 1:
                 raise BatchError(f"sequence {s} ends at position {last} in the KV cache; the batch must continue "
                                  f"at {last + 1}, not {pos[0]} (remove positions with seq_rm to rewrite them)")
@@ -109,22 +109,22 @@ class Context:
     def decode(self, batch: Batch) -> int:
         """Evaluate a batch. 0: done; 1: the KV cache has no room for it (cache unchanged)."""
         self._validate(batch)
-        if int((self.kv.pos < 0).sum()) < batch.n_tokens:
+        if int((self.memory.pos < 0).sum()) < batch.n_tokens:
             return DECODE_NO_KV_SLOT
-        if self.kv.has_shift:
+        if self.memory.has_shift:
             self._apply_k_shift()
-        saved = (self.kv.pos.copy(), self.kv.seq.copy())
+        saved = (self.memory.pos.copy(), self.memory.seq.copy())
         outputs: list[np.ndarray] = []
         try:
             for ub in batch.split(self.n_ubatch):
-                slot = self.kv.find_slot(ub)
+                slot = self.memory.find_slot(ub)
                 if slot is None:  # cannot happen after the check above, but never half-apply a batch
-                    self.kv.pos, self.kv.seq = saved
+                    self.memory.pos, self.memory.seq = saved
                     return DECODE_NO_KV_SLOT
                 outputs.append(self._compute_ubatch(ub, slot))
-                self.kv.commit(slot)
+                self.memory.commit(slot)
         except BaseException:
-            self.kv.pos, self.kv.seq = saved
+            self.memory.pos, self.memory.seq = saved
             raise
         self._logits = np.concatenate(outputs) if outputs else self._logits[:0]
         self._logit_row = {int(i): r for r, i in enumerate(np.flatnonzero(batch.logits))}
@@ -135,7 +135,7 @@ class Context:
         if self._built is not None and self._built.key == key:
             self.n_graph_reuses += 1
             return self._built
-        builder = GraphBuilder(self.model, self.kv, *key)
+        builder = GraphBuilder(self.model, self.memory, *key)
         logits = self.model.arch.build_graph(builder)
         graph = builder.finish(logits)
         self.scheduler.alloc(graph)
@@ -150,7 +150,7 @@ class Context:
             b.inp_tokens: ub.tokens,
             b.inp_pos: ub.pos,
             b.inp_kv_idxs: slot.cells,
-            b.inp_kq_mask: self.kv.mask(slot, ub),
+            b.inp_kq_mask: self.memory.mask(slot, ub),
             b.inp_out_ids: np.flatnonzero(ub.logits).astype(np.int32),
         }
         for tensor, data in inputs.items():
@@ -163,7 +163,7 @@ class Context:
 
     def _apply_k_shift(self) -> None:
         from ggflow.core.kv_shift import apply_k_shift
-        apply_k_shift(self.kv, self.backends)
+        apply_k_shift(self.memory, self.backends)
 
     # -- results -------------------------------------------------------------------------------
     def get_logits(self) -> np.ndarray:
@@ -180,8 +180,8 @@ class Context:
 
     # -- memory ----------------------------------------------------------------------------------
     def clear(self) -> None:
-        self.kv.clear()
+        self.memory.clear()
 
     @property
     def n_ctx_used(self) -> int:
-        return self.kv.n_used
+        return self.memory.n_used
