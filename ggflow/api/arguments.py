@@ -99,8 +99,10 @@ def check_token_ids(value: Any, n_vocab: int, name: str = "prompt") -> list[int]
     if not isinstance(value, (list, tuple)):
         raise ArgumentError(name, value, "a list of integer token ids")
     for i, tok in enumerate(value):
-        if not _is_int(tok) or not 0 <= tok < n_vocab:
+        if not _is_int(tok):
             raise ArgumentError(f"{name}[{i}]", tok, f"an integer token id in [0, {n_vocab})")
+        if not 0 <= tok < n_vocab:
+            raise ArgumentError(f"{name}[{i}]", tok, f"a token id in [0, {n_vocab}) ({tok} is outside the vocabulary)")
     return [int(t) for t in value]
 
 

@@ -44,6 +44,8 @@ class ChatMixin:
                                top_logprobs: int | None = None, **sampling_options: Any
                                ) -> "dict[str, Any] | Iterator[dict[str, Any]]":
         """An OpenAI-shaped chat completion (or, with stream=True, its chunks)."""
+        if isinstance(functions, int) and not isinstance(functions, bool) and max_tokens is None:
+            functions, max_tokens = None, functions  # ggflow's older create_chat_completion(messages, max_tokens)
         if functions is not None:  # OpenAI's older spelling of tools
             tools = (tools or []) + [{"type": "function", "function": f} for f in A.check_functions(functions)]
         if function_call is not None and tool_choice is None:

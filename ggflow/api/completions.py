@@ -17,7 +17,10 @@ def llama_sampling(temperature: float, top_p: float, min_p: float, typical_p: fl
                    presence_penalty: float, repeat_penalty: float, top_k: int, seed: Any, tfs_z: float,
                    mirostat_mode: int, mirostat_tau: float, mirostat_eta: float, logit_bias: Any,
                    grammar: Any, extra: dict[str, Any]) -> dict[str, Any]:
-    """llama-cpp-python's sampling arguments as SamplingParams fields (extra: any other SamplingParams field)."""
+    """llama-cpp-python's sampling arguments as SamplingParams fields (extra: any other SamplingParams field).
+    ``extra["sampling"]``, a whole SamplingParams (ggflow's way), replaces all of them."""
+    if "sampling" in extra:
+        return dict(extra)
     if tfs_z != 1.0:
         raise ArgumentError("tfs_z", tfs_z, "1.0: tail-free sampling was removed from llama.cpp, and ggflow has none")
     if grammar is not None:
@@ -68,6 +71,9 @@ class CompletionMixin:
         n_ctx = self.n_ctx()
         if len(tokens) >= n_ctx:  # no room for a generated token
             raise ContextFullError(f"Requested tokens ({len(tokens)}) exceed context window of {n_ctx}")
+        room = n_ctx - len(tokens)  # as llama-cpp-python: no more than the context holds (unless it shifts)
+        if max_tokens is None or not self.context_shift:
+            max_tokens = room if max_tokens is None else min(max_tokens, room)
         gen = self.generate(tokens, max_tokens, stop=stop, stream=True, logprobs=n_top,
                             prompt_logprobs=echo and n_top is not None,
                             logits_processor=array_callables(logits_processor),
