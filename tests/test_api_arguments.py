@@ -54,7 +54,7 @@ def test_logit_bias_keys_may_be_json_strings():
     (lambda: A.check_seed(True), "seed"),
     (lambda: A.check_logit_bias({2**70: 5}, N_VOCAB), "logit_bias"),
     (lambda: A.check_logit_bias({"a": 1}, N_VOCAB), "logit_bias"),
-    (lambda: A.check_logit_bias({1: float("nan")}, N_VOCAB), "logit_bias"),
+    (lambda: A.check_logit_bias({1: float("nan")}, N_VOCAB), "logit_bias[1]"),
     (lambda: A.check_logit_bias([1, 2], N_VOCAB), "logit_bias"),
     (lambda: A.check_token_ids([1, 2**64], N_VOCAB), "prompt[1]"),
     (lambda: A.check_token_ids([1, -1], N_VOCAB), "prompt[1]"),
@@ -99,8 +99,9 @@ def test_the_context_estimate_counts_every_layers_k_and_v():
     est = estimate_context_memory(hp, 100, 32, "F16", "F32")
     assert est.kv_bytes == 3 * 100 * (32 * 2 + 32 * 4)
     assert est.compute_bytes > 32 * 1000 * 4      # at least the logits of a ubatch
-    with pytest.raises(ContextMemoryError, match=r"n_ctx=100 needs .* but 1.0 MiB of memory is available"):
-        check_context_fits(hp, 100, 32, "F16", "F32", available=2**20)
+    with pytest.raises(ContextMemoryError, match=r"n_ctx=100 needs .* but 16.0 KiB of memory is available"):
+        check_context_fits(hp, 100, 32, "F16", "F32", available=2**14)
+    assert check_context_fits(hp, 100, 32, "F16", "F32", available=2**30) == est
 
 
 # -- on an LLM ---------------------------------------------------------------------------------------
@@ -118,8 +119,8 @@ def test_a_context_too_large_for_memory_is_refused_with_the_figures():
     ({"prompt": "hi", "max_tokens": "5"}, "max_tokens"),
     ({"prompt": "hi", "seed": 1.5}, "seed"),
     ({"prompt": "hi", "seed": "abc"}, "seed"),
-    ({"prompt": "hi", "logit_bias": {2**70: 5}}, "logit_bias key"),
-    ({"prompt": "hi", "logit_bias": {"a": 1}}, "logit_bias key"),
+    ({"prompt": "hi", "logit_bias": {2**70: 5}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"a": 1}}, "logit_bias"),
     ({"prompt": "hi", "stop": [5]}, "stop"),
     ({"prompt": "hi", "dry_multiplier": 0.8, "dry_sequence_breakers": [123]}, "dry_sequence_breakers[0]"),
     ({"prompt": "hi", "temperature": "hot"}, "temperature"),

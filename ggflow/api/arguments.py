@@ -197,7 +197,8 @@ def check_logit_bias(value: Any, n_vocab: int) -> dict[int, float]:
     for key, bias in value.items():
         tok = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else key
         if not _is_int(tok) or not 0 <= tok < n_vocab:
-            raise ArgumentError("logit_bias key", key, f"a token id in [0, {n_vocab})")
+            raise ArgumentError("logit_bias", {key: bias}, f"a dict whose keys are token ids in [0, {n_vocab}) "
+                                                           f"({key!r} is not one)")
         if not _is_number(bias) or (math.isnan(bias) or bias == math.inf):
             raise ArgumentError(f"logit_bias[{key!r}]", bias, "a finite number (or -inf to ban the token)")
         out[int(tok)] = float(bias)

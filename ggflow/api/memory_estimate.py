@@ -56,7 +56,9 @@ def available_memory() -> int | None:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+    if n >= 2**28:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def check_context_fits(hparams, n_ctx: int, n_ubatch: int, type_k: str = "F16", type_v: str = "F16",
