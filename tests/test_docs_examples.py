@@ -2,7 +2,8 @@
 
 The blocks of one file run in order in one namespace (as a reader types them), which starts with what the
 prose assumes: ``llm`` (the default model), its ``vocab``, ``prompt_tokens``, their ``logits`` and some
-``generated`` tokens, in a working directory where "model.gguf" is the default model. A block whose first
+``generated`` tokens, in a working directory where "model.gguf" is the default model and "model-f32.gguf" a
+tiny F32 llama (tests/fixtures). A block whose first
 line is ``# not run: <reason>`` (a file of a hypothetical package, a model the tests do not have) is
 skipped with that reason.
 """
@@ -37,6 +38,8 @@ def prelude(tmp_path_factory):
     where = tmp_path_factory.mktemp("docs")
     for name in ("model.gguf", os.path.basename(path)):
         (where / name).symlink_to(path)
+    from tests.fixtures.tiny_models import write_tiny_model
+    write_tiny_model(where / "model-f32.gguf", "llama")
     llm = LLM(n_ctx=256, backend="cpu")
     prompt_tokens = llm.tokenize("The capital of France is")
     logits, _ = llm.eval_prompt(prompt_tokens)
