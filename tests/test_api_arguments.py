@@ -210,3 +210,24 @@ def test_tokenize_and_detokenize_with_any_value_work_or_raise_a_ggflow_error(llm
     except GGFlowError:
         return
     assert isinstance(llm.detokenize(ids, special=True), bytes)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"n_ctx": "abc"}, "n_ctx"), ({"n_ctx": -1}, "n_ctx"), ({"n_ctx": 1.5}, "n_ctx"), ({"seed": 1.5}, "seed"),
+    ({"n_ubatch": 0}, "n_ubatch"), ({"context_shift": "yes"}, "context_shift"), ({"n_keep": -2}, "n_keep"),
+    ({"model_path": 5}, "model_path"),
+])
+def test_llm_options_are_checked_before_loading(kwargs, name):
+    with pytest.raises(ArgumentError) as info:
+        LLM(**kwargs)
+    assert info.value.name == name
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tokens=_any, prev=st.one_of(st.none(), _any), special=_any)
+def test_detokenize_with_any_value_works_or_raises_a_ggflow_error(llm, tokens, prev, special):
+    try:
+        out = llm.detokenize(tokens, prev, special)
+    except GGFlowError:
+        return
+    assert isinstance(out, bytes)
