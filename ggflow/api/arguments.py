@@ -28,9 +28,7 @@ def _is_number(value: Any) -> bool:
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
     """An integer in [lo, hi] (either bound may be open)."""
     if not _is_int(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
-        bounds = ("" if lo is None and hi is None else f" in [{'-inf' if lo is None else lo}, "
-                  f"{'inf' if hi is None else hi}]")
-        raise ArgumentError(name, value, f"an integer{bounds}")
+        raise ArgumentError(name, value, f"an integer{_bounds(lo, hi)}")
     return int(value)
 
 
@@ -43,11 +41,18 @@ def check_number(name: str, value: Any, lo: float | None = None, hi: float | Non
     if ok and hi is not None:
         ok = value <= hi
     if not ok:
-        left = "(" if lo_open else "["
-        bounds = "" if lo is None and hi is None else (f" in {left}{'-inf' if lo is None else lo}, "
-                                                      f"{'inf' if hi is None else hi}]")
-        raise ArgumentError(name, value, f"a finite number{bounds}")
+        raise ArgumentError(name, value, f"a finite number{_bounds(lo, hi, lo_open)}")
     return float(value)
+
+
+def _bounds(lo: float | None, hi: float | None, lo_open: bool = False) -> str:
+    if lo is None and hi is None:
+        return ""
+    if hi is None:
+        return f" {'>' if lo_open else '>='} {lo:g}"
+    if lo is None:
+        return f" <= {hi:g}"
+    return f" in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
 
 
 def check_bool(name: str, value: Any) -> bool:
@@ -253,7 +258,8 @@ def check_sampling(params: Any, n_vocab: int) -> Any:
     """Check a SamplingParams record field by field; return it with logit_bias and the seed normalized."""
     import dataclasses
 
-    return dataclasses.replace(params, **_checked_fields(lambda name, default: getattr(params, name, default), n_vocab))
+    changes = _checked_fields(lambda name, default: getattr(params, name, default), n_vocab)
+    return dataclasses.replace(params, **changes)
 
 
 def sampling_params(options: Mapping[str, Any], n_vocab: int, record: Any = None) -> Any:
