@@ -11,20 +11,18 @@ if TYPE_CHECKING:
     from ggflow.core.graph_builder import GraphBuilder
     from ggflow.core.tensor import Tensor
 
-# name -> (ne, required); ne innermost first, as GGUF stores it
-TensorShapes = dict[str, tuple[tuple[int, ...], bool]]
-
 
 class Architecture(ABC):
     names: ClassVar[tuple[str, ...]]
+    # The weight record: a dataclass declared with ggflow.core.weights' tensor / optional / per_layer
+    # fields. The loader checks the file against it and hands the filled record to build_graph as b.w.
+    weights: ClassVar[type]
+    rope_type: ClassVar[int] = -1    # ops.ROPE_NORMAL / ops.ROPE_NEOX; -1: no RoPE
 
-    @abstractmethod
     def load_hparams(self, meta: Metadata) -> HParams:
-        """Read this architecture's hyperparameters from the file's metadata."""
-
-    @abstractmethod
-    def tensor_shapes(self, hp: HParams) -> TensorShapes:
-        """Every weight the graph uses, with its expected shape and whether it must be present."""
+        """Read this architecture's hyperparameters from the file's metadata (by default the keys every
+        llama.cpp transformer shares; override to read more, into ``HParams.extra``)."""
+        return load_common_hparams(meta, rope_type=self.rope_type)
 
     @abstractmethod
     def build_graph(self, b: "GraphBuilder") -> "Tensor":
