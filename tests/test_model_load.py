@@ -76,15 +76,15 @@ def test_unknown_architecture_is_named_with_the_registered_ones(tiny_dir, tmp_pa
         Model.load(path)
 
 
-def test_missing_tensor_is_named(tiny_dir, tmp_path):
-    path = rewrite_model(tiny_dir / "llama.gguf", tmp_path / "m.gguf", drop="blk.1.ffn_up.weight")
-    with pytest.raises(ModelLoadError, match=r"blk\.1\.ffn_up\.weight.*missing"):
-        Model.load(path)
-
-
-def test_misshapen_tensor_names_both_shapes(tiny_dir, tmp_path):
-    path = rewrite_model(tiny_dir / "llama.gguf", tmp_path / "m.gguf", reshape="blk.0.attn_k.weight")
-    with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_k\.weight.*\[128, 32\].*expected \[128, 64\]"):
+@pytest.mark.parametrize("arch, change, message", [
+    ("llama", {"drop": "blk.1.ffn_up.weight"}, r"blk\.1\.ffn_up\.weight.*missing"),
+    ("qwen3", {"drop": "blk.0.attn_q_norm.weight"}, r"blk\.0\.attn_q_norm\.weight.*missing.*\[128\]"),
+    ("llama", {"reshape": "blk.0.attn_k.weight"}, r"blk\.0\.attn_k\.weight.*\[128, 32\].*expected \[128, 64\]"),
+    ("qwen2", {"reshape": "blk.1.attn_q.bias"}, r"blk\.1\.attn_q\.bias.*\[1, 64\].*expected \[128\]"),  # optional
+], ids=["missing", "missing-qwen3-q-norm", "misshapen", "misshapen-optional-bias"])
+def test_a_missing_or_misshapen_tensor_is_named_with_the_shapes(tiny_dir, tmp_path, arch, change, message):
+    path = rewrite_model(tiny_dir / f"{arch}.gguf", tmp_path / "m.gguf", **change)
+    with pytest.raises(ModelLoadError, match=message):
         Model.load(path)
 
 
@@ -104,15 +104,3 @@ def test_absent_optional_weights_are_none_and_present_ones_are_filled(tiny_dir):
     assert llama.w.output is llama.weights["output.weight"]
     assert qwen2.w.output is None                                  # tied to token_embd
     assert qwen2.w.layers[1].bv is qwen2.weights["blk.1.attn_v.bias"]
-
-
-def test_misshapen_optional_tensor_names_both_shapes(tiny_dir, tmp_path):
-    path = rewrite_model(tiny_dir / "qwen2.gguf", tmp_path / "m.gguf", reshape="blk.1.attn_q.bias")
-    with pytest.raises(ModelLoadError, match=r"blk\.1\.attn_q\.bias.*\[1, 64\].*expected \[128\]"):
-        Model.load(path)
-
-
-def test_qwen3_without_its_q_norm_is_named(tiny_dir, tmp_path):
-    path = rewrite_model(tiny_dir / "qwen3.gguf", tmp_path / "m.gguf", drop="blk.0.attn_q_norm.weight")
-    with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_q_norm\.weight.*missing.*\[128\]"):
-        Model.load(path)
