@@ -145,8 +145,8 @@ class KVCache(Memory):
         self.shift[empty] = 0
 
     def clear(self) -> None:
-        self.pos = np.full(self.size, -1, dtype=np.int32)
-        self.seq = np.zeros((self.size, self.n_seq_max), dtype=bool)
+        self.pos[:] = -1
+        self.seq[:] = False
         self.shift[:] = 0
         for t in self.k + self.v:  # free cells are masked, but 0 * NaN would still poison V sums
             self.backend.set_tensor(t, np.zeros(t.nrows * t.row_bytes, dtype=np.uint8)
