@@ -8,7 +8,9 @@ from ggflow.core.model import HParams, Metadata
 from ggflow.errors import ModelLoadError
 
 if TYPE_CHECKING:
+    from ggflow.core.backend import Backend
     from ggflow.core.graph_builder import GraphBuilder
+    from ggflow.core.memory import Memory
     from ggflow.core.tensor import Tensor
 
 
@@ -27,6 +29,13 @@ class Architecture(ABC):
     @abstractmethod
     def build_graph(self, b: "GraphBuilder") -> "Tensor":
         """Build the forward pass for one ubatch from the builder's blocks; return logits [n_vocab, n_outputs]."""
+
+    def create_memory(self, hp: HParams, n_ctx: int, backend: "Backend", type_k: str, type_v: str) -> "Memory":
+        """The memory a Context keeps for this architecture: n_ctx cells in the backend's memory.
+
+        The unified KV cache by default; a sliding-window or hybrid model returns its own ``Memory``."""
+        from ggflow.core.kv_cache import KVCache
+        return KVCache(hp, n_ctx, backend, type_k, type_v)
 
 
 def load_common_hparams(meta: Metadata, rope_type: int = -1) -> HParams:

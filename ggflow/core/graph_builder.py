@@ -16,7 +16,7 @@ from ggflow.core.graph import Graph
 from ggflow.core.tensor import Tensor
 
 if TYPE_CHECKING:
-    from ggflow.core.memory import KVCache
+    from ggflow.core.memory import Memory
     from ggflow.core.model import Model
 
 
@@ -31,14 +31,13 @@ class FFN(Enum):
 
 
 class GraphBuilder:
-    def __init__(self, model: "Model", kv: "KVCache", n_tokens: int, n_outputs: int, n_kv: int):
-        self.model, self.hp, self.kv = model, model.hparams, kv
+    def __init__(self, model: "Model", memory: "Memory", n_tokens: int, n_outputs: int, n_kv: int):
+        self.model, self.hp, self.memory = model, model.hparams, memory
         self.n_tokens, self.n_outputs, self.n_kv = n_tokens, n_outputs, n_kv
         self.graph = Graph()
         self.inp_tokens = ops.new_input("I32", (n_tokens,), "inp_tokens")
         self.inp_pos = ops.new_input("I32", (n_tokens,), "inp_pos")
-        self.inp_kv_idxs = ops.new_input("I32", (n_tokens,), "inp_kv_idxs")
-        self.inp_kq_mask = ops.new_input("F32", (n_kv, n_tokens), "inp_kq_mask")
+        self.inp_memory = memory.build_inputs(n_tokens, n_kv)   # KV cell indices and the mask
         self.inp_out_ids = ops.new_input("I32", (n_outputs,), "inp_out_ids")
 
     # -- weights -------------------------------------------------------------------------------
@@ -90,30 +89,24 @@ class GraphBuilder:
                         freq_scale=hp.rope_freq_scale, n_ctx_orig=hp.n_ctx_train, freq_factors=freq_factors)
 
     def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None) -> Tensor:
-        """Write this ubatch's K/V into the cache, attend over the cache's first n_kv cells.
+        """Write this ubatch's K/V into the memory, attend over its first n_kv cells.
 
         q [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens] -> [n_embd_v, n_tokens].
         """
-        hp, kv = self.hp, self.kv
-        hd_k, hd_v, n_tok = hp.n_embd_head_k, hp.n_embd_head_v, self.n_tokens
+        mem, inp = self.memory, self.inp_memory
         # The writes are expanded first so every read below comes after them in the graph order.
-        self.graph.expand(ops.set_rows(kv.k[il], ops.reshape(k, hp.n_embd_k_gqa, n_tok), self.inp_kv_idxs))
-        self.graph.expand(ops.set_rows(kv.v[il], ops.reshape(ops.cont(v) if not v.is_contiguous() else v,
-                                                               hp.n_embd_v_gqa, n_tok), self.inp_kv_idxs))
-        k_cache, v_cache = kv.k[il], kv.v[il]
-        keys = ops.view(k_cache, (hd_k, hp.n_head_kv, self.n_kv),
-                        (k_cache.nb[0], k_cache.type.row_bytes(hd_k), k_cache.nb[1]))
-        values = ops.view(v_cache, (hd_v, hp.n_head_kv, self.n_kv),
-                          (v_cache.nb[0], v_cache.type.row_bytes(hd_v), v_cache.nb[1]))
+        self.graph.expand(mem.cpy_k(il, k, inp.kv_idxs))
+        self.graph.expand(mem.cpy_v(il, v, inp.kv_idxs))
+        keys, values = mem.get_k(il, self.n_kv), mem.get_v(il, self.n_kv)    # [hd, n_head_kv, n_kv]
         q = ops.permute(q, 0, 2, 1, 3)                                           # [hd, n_tokens, n_head]
         keys = ops.permute(keys, 0, 2, 1, 3)                                     # [hd, n_kv, n_head_kv]
         kq = ops.mul_mat(keys, q)                                                # [n_kv, n_tokens, n_head]
-        scale = kq_scale if kq_scale is not None else 1.0 / math.sqrt(hd_k)
-        kq = ops.soft_max(kq, self.inp_kq_mask, scale)
+        scale = kq_scale if kq_scale is not None else 1.0 / math.sqrt(self.hp.n_embd_head_k)
+        kq = ops.soft_max(kq, inp.kq_mask, scale)
         values = ops.permute(values, 1, 2, 0, 3)                                 # [n_kv, hd_v, n_head_kv]
         kqv = ops.mul_mat(values, kq)                                            # [hd_v, n_tokens, n_head]
         out = ops.cont(ops.permute(kqv, 0, 2, 1, 3))                             # [hd_v, n_head, n_tokens]
-        return ops.reshape(out, hd_v * hp.n_head, n_tok)
+        return ops.reshape(out, self.hp.n_embd_head_v * self.hp.n_head, self.n_tokens)
 
     def ffn(self, x: Tensor, *, up: Tensor, down: Tensor, gate: Tensor | None = None, kind: FFN,
             up_b: Tensor | None = None, gate_b: Tensor | None = None, down_b: Tensor | None = None) -> Tensor:
