@@ -603,6 +603,11 @@ def test_a_plugin_sampler_builds_itself_from_the_params_or_leaves_itself_out(plu
     assert chain.sample(np.array([0, 1, 9, 3], dtype=np.float32)) == 3
 
 
+def test_a_bare_stage_name_whose_sampler_needs_parameters_says_so():
+    with pytest.raises(GGFlowError, match="'logits_processor' does not take these parameters"):
+        build_chain(SamplingParams(samplers=["top_k", "logits_processor"]))
+
+
 def test_each_built_in_stage_leaves_itself_out_when_its_params_switch_it_off():
     from ggflow.core.sampling_params import sampler_from_params
 

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 import numpy as np
 
 from ggflow.errors import GGFlowError
 
-if TYPE_CHECKING:
-    from ggflow.core.sampling_params import SamplingParams
 
 
 @dataclass
@@ -154,7 +152,7 @@ class Sampler(Protocol):
     # Optional: ``selects = True`` says the sampler picks the token (build_chain then adds no dist).
     # Optional: a classmethod ``from_params(params, vocab_size, vocab) -> Sampler | None`` builds the
     # sampler from SamplingParams (None where they switch it off); build_chain calls it for a stage
-    # named in ``params.samplers`` (or the default order). Without one, the factory is called bare.
+    # named in ``params.samplers`` (or the default order). Without one, make_sampler(name) builds it.
 
 
 class SamplerChain:
@@ -227,15 +225,6 @@ class SamplerBase:
 
     name = "base"
     selects = False
-
-    @classmethod
-    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
-                    vocab: Any = None) -> "Sampler | None":
-        """This sampler as a stage of ``build_chain``'s chain, or None where ``params`` switch it off.
-
-        The default takes no options from the params; a sampler that reads some overrides it.
-        """
-        return cls()
 
     def apply(self, cur: TokenDataArray) -> None:
         raise NotImplementedError

@@ -124,14 +124,13 @@ def sampler_from_params(name: str, params: SamplingParams, vocab_size: int | Non
                         vocab: Any = None) -> Sampler | None:
     """The sampler registered as ``name``, configured by ``params`` (None: the params switch it off).
 
-    A factory with a ``from_params`` classmethod reads its own options; one without is called with no
-    arguments (as a bare name in ``params.samplers`` always was).
+    A factory with a ``from_params`` classmethod reads its own options; one without is built with no
+    parameters by ``make_sampler`` (which says which ones it would need).
     """
     from ggflow.plugins.manager import get_plugin_manager
 
-    factory = get_plugin_manager().samplers.get(name)
-    from_params = getattr(factory, "from_params", None)
-    return factory() if from_params is None else from_params(params, vocab_size, vocab)
+    from_params = getattr(get_plugin_manager().samplers.get(name), "from_params", None)
+    return make_sampler(name) if from_params is None else from_params(params, vocab_size, vocab)
 
 
 def _stage_name(entry: str) -> str:
