@@ -9,13 +9,12 @@ exception rolls back everything the batch did.
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from ggflow.core.backend import Backend
+from ggflow.core.backend_registry import make_backends
 from ggflow.core.batch import Batch, BatchError, UBatch
 from ggflow.core.graph import Graph
 from ggflow.core.graph_builder import GraphBuilder
@@ -27,33 +26,6 @@ from ggflow.errors import BackendError, PluginError
 
 DECODE_OK = 0
 DECODE_NO_KV_SLOT = 1   # llama.cpp's contract: the batch did not fit; nothing changed
-
-
-def make_backends(names: "str | Sequence[str]" = "auto", n_threads: int | None = None) -> list[Backend]:
-    """Instantiate backends by name ("auto": every available one by priority); the CPU always comes last.
-
-    "auto" leaves out backends ranked below the CPU (negative priority, e.g. Vulkan on a CPU driver):
-    they are slower than the CPU backend and run only when asked for by name.
-    """
-    from ggflow.plugins.manager import get_plugin_manager
-
-    registry = get_plugin_manager().backends
-    if names == "auto":
-        classes = [r.obj for r in registry if r.obj.priority >= 0 and r.obj.is_available()]
-        classes.sort(key=lambda c: -c.priority)
-    else:
-        classes = [registry.get(n) for n in ([names] if isinstance(names, str) else names)]
-    if "cpu" not in [c.name for c in classes]:
-        classes.append(registry.get("cpu"))
-    classes = [c for c in classes if c.name != "cpu"] + [c for c in classes if c.name == "cpu"]
-    backends = []
-    for cls in classes:
-        availability = cls.is_available()
-        if not availability:
-            raise BackendError(f"backend {cls.name!r} is not available: {availability.reason}")
-        accepts_threads = "n_threads" in inspect.signature(cls).parameters
-        backends.append(cls(n_threads=n_threads) if accepts_threads else cls())
-    return backends
 
 
 @dataclass
