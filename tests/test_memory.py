@@ -43,7 +43,8 @@ def test_an_exception_mid_batch_rolls_back_every_ubatch_the_batch_applied(llama,
 @pytest.fixture
 def cache(llama):
     from ggflow.backends_builtin.cpu import CPUBackend
-    return KVCache(llama.hparams, 16, CPUBackend(n_threads=1), "F32", "F32")
+    from ggflow.core.backend import BackendOptions
+    return KVCache(llama.hparams, 16, CPUBackend(BackendOptions(n_threads=1)), "F32", "F32")
 
 
 def test_a_memory_batch_left_without_commit_restores_the_cells(cache):
