@@ -97,7 +97,7 @@ class CPUBackend(Backend):
 
 def _kernel_binders() -> dict[str, Binder]:
     from ggflow.backends_builtin.cpu import (
-        kernels_copy, kernels_elementwise, kernels_norm, kernels_rope, kernels_softmax)
+        kernels_rows, kernels_elementwise, kernels_norm, kernels_rope, kernels_softmax)
     return {
         "add": kernels_elementwise.bind_add,
         "mul": kernels_elementwise.bind_mul,
@@ -108,10 +108,10 @@ def _kernel_binders() -> dict[str, Binder]:
         "norm": kernels_norm.bind_norm,
         "rope": kernels_rope.bind_rope,
         "soft_max": kernels_softmax.bind_soft_max,
-        "get_rows": kernels_copy.bind_get_rows,
-        "set_rows": kernels_copy.bind_set_rows,
-        "cpy": kernels_copy.bind_cpy,
-        "cont": kernels_copy.bind_cont,
+        "get_rows": kernels_rows.bind_get_rows,
+        "set_rows": kernels_rows.bind_set_rows,
+        "cpy": kernels_rows.bind_cpy,
+        "cont": kernels_rows.bind_cont,
     }
 
 
