@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ggflow.core.vocab import (InvalidTokenError, TokenAttr, Vocab, _StreamingCleaner, clean_spaces,
                                read_tokenizer_metadata)
-from ggflow.core.vocab_pretokenize import PRE_NAMES, UNSUPPORTED_PRE_TYPES
+from ggflow.core.vocab.pretokenize import PRE_NAMES, UNSUPPORTED_PRE_TYPES
 from ggflow.errors import GGFlowError, ModelLoadError
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
