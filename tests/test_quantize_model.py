@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 import ggflow
-import ggflow.quantize_model as qm
+import ggflow.quantize_model.convert as qm_convert
 from ggflow.cli import main
 from ggflow.core.batch import Batch
 from ggflow.core.context import DECODE_OK, Context
 from ggflow.core.model import Model
 from ggflow.errors import ModelLoadError, QuantizationError, UnknownNameError
-from ggflow.quant_mixes import MIXES, ModelFacts, TensorDesc, choose_types, fallback_type, find_mix, use_more_bits
+from ggflow.quantize_model.mixes import MIXES, ModelFacts, TensorDesc, choose_types, fallback_type, find_mix, use_more_bits
 from ggflow.quantize_model import quantize_model
 from tests.fixtures import tiny_models
 from tests.fixtures.tiny_models import TinySpec, write_tiny_model
@@ -452,14 +452,14 @@ def leftovers(directory: Path) -> list[str]:
 
 def failing_quantize(monkeypatch, after: int, exc: BaseException):
     calls = {"n": 0}
-    real = qm.quantize
+    real = qm_convert.quantize
 
     def quantize(*args, **kw):
         calls["n"] += 1
         if calls["n"] > after:
             raise exc
         return real(*args, **kw)
-    monkeypatch.setattr(qm, "quantize", quantize)
+    monkeypatch.setattr(qm_convert, "quantize", quantize)
     return calls
 
 
