@@ -23,4 +23,4 @@ from ggflow.core.vocab.vocab import Vocab
 
 __all__ = ["Vocab", "StreamDecoder", "TokenAttr", "TokenType", "TokenizerError", "InvalidTokenError",
            "TokenizerFlags", "SpecialTokens", "SUPPORTED_MODELS", "read_tokenizer_metadata",
-           "build_bpe_tokenizer", "clean_spaces", "_StreamingCleaner"]
+           "build_bpe_tokenizer", "clean_spaces"]
