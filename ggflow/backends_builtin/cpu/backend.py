@@ -94,7 +94,7 @@ class CPUBackend(Backend):
 
 def _kernel_binders() -> dict[Op, Binder]:
     from ggflow.backends_builtin.cpu import (
-        kernels_copy, kernels_elementwise, kernels_norm, kernels_rope, kernels_softmax)
+        kernels_rows, kernels_elementwise, kernels_norm, kernels_rope, kernels_softmax)
     return {
         Op.ADD: kernels_elementwise.bind_add,
         Op.MUL: kernels_elementwise.bind_mul,
@@ -105,10 +105,10 @@ def _kernel_binders() -> dict[Op, Binder]:
         Op.NORM: kernels_norm.bind_norm,
         Op.ROPE: kernels_rope.bind_rope,
         Op.SOFT_MAX: kernels_softmax.bind_soft_max,
-        Op.GET_ROWS: kernels_copy.bind_get_rows,
-        Op.SET_ROWS: kernels_copy.bind_set_rows,
-        Op.CPY: kernels_copy.bind_cpy,
-        Op.CONT: kernels_copy.bind_cont,
+        Op.GET_ROWS: kernels_rows.bind_get_rows,
+        Op.SET_ROWS: kernels_rows.bind_set_rows,
+        Op.CPY: kernels_rows.bind_cpy,
+        Op.CONT: kernels_rows.bind_cont,
     }
 
 
