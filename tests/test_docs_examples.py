@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -55,7 +57,10 @@ def test_every_python_block_runs(doc, prelude, monkeypatch, capsys):
         pytest.skip(f"{doc.name} has no python blocks")
     where, names = prelude
     monkeypatch.chdir(where)
-    namespace = {"__name__": f"docs_{doc.stem}", **names}
+    module = types.ModuleType(f"docs_{doc.stem}")   # a real module: dataclasses look their module up
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace = module.__dict__
+    namespace.update(names)
     skipped = []
     for line, source in blocks:
         if source.lstrip().startswith(NOT_RUN):

@@ -26,7 +26,8 @@ def llm():
 
 def llama_script(Llama, model_path):
     """Written against llama_cpp.Llama; only the class passed in differs."""
-    llm = Llama(model_path=model_path, n_ctx=128, verbose=False, logits_all=True, n_gpu_layers=0, seed=1)
+    llm = Llama(model_path=model_path, n_ctx=128, verbose=False, logits_all=True, n_gpu_layers=0, seed=1,
+                embedding=True)
     out = {}
     c = llm("The capital of France is", max_tokens=6, temperature=0, echo=True, logprobs=2, stop="\n")
     out["echo"] = c["choices"][0]
@@ -42,6 +43,8 @@ def llama_script(Llama, model_path):
     out["state"] = (first, state.n_tokens)
     out["sizes"] = (llm.n_ctx(), llm.n_vocab(), llm.token_bos(), llm.token_eos())
     out["tokens"] = llm.detokenize(llm.tokenize(b"Hello world", add_bos=False))
+    out["embedding"] = llm.create_embedding(["Hello world", "The sea"])
+    out["embed"] = llm.embed("Hello world", normalize=True)
     return out
 
 
@@ -68,6 +71,11 @@ def test_a_llama_cpp_python_script_runs_with_only_the_import_changed():
     n_ctx, n_vocab, bos, eos = out["sizes"]
     assert (n_ctx, n_vocab) == (128, 49152) and eos >= 0 and bos >= 0
     assert out["tokens"] == b"Hello world"
+    emb = out["embedding"]
+    assert emb["object"] == "list" and [d["index"] for d in emb["data"]] == [0, 1]
+    assert emb["usage"]["prompt_tokens"] == emb["usage"]["total_tokens"] > 0
+    per_token = out["embed"]              # SmolLM2 has no pooling type: one unit vector per token
+    assert len(per_token) == 2 and all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in per_token)
 
 
 # -- completions -----------------------------------------------------------------------------------
@@ -207,6 +215,46 @@ def test_reset_forgets_the_cached_prompt(llm):
     llm.reset()
     fresh = llm.generate("The capital of France is", max_tokens=1, temperature=0)
     assert fresh.timings.cached_n == 0 and fresh.tokens == again.tokens
+
+
+# -- embeddings ------------------------------------------------------------------------------------------
+def test_an_embedding_is_the_hidden_state_lm_head_turns_into_logits(llm):
+    import numpy as np
+
+    from ggflow import dequantize
+
+    text = "The capital of France is"
+    hidden = np.array(llm.embed(text))                        # [n_tokens, n_embd]: no pooling in SmolLM2
+    tokens = llm.tokenize(text)
+    assert hidden.shape == (len(tokens), llm.n_embd())
+    logits, _ = llm.eval_prompt(tokens)
+    weights = llm.model.weights
+    w = weights["output.weight"] if "output.weight" in weights else weights["token_embd.weight"]  # tied
+    table = dequantize(w.numpy().reshape(llm.n_vocab(), -1), w.type.name)     # [n_vocab, n_embd]
+    again = table @ hidden[-1]
+    cos = float(again @ logits / np.linalg.norm(again) / np.linalg.norm(logits))
+    assert cos > 0.999 and int(again.argmax()) == int(logits.argmax())
+
+
+def test_pooled_embeddings_are_the_mean_first_or_last_token():
+    if MISSING:
+        pytest.skip(MISSING)
+    import numpy as np
+
+    text = "Hello world, the sea is blue."
+    per_token = np.array(LLM(n_ctx=64, backend="cpu").embed(text))
+    for kind, expected in (("mean", per_token.mean(0)), ("cls", per_token[0]), ("last", per_token[-1])):
+        pooled = LLM(n_ctx=64, backend="cpu", pooling_type=kind)
+        assert np.allclose(pooled.embed(text), expected, atol=1e-5)
+        unit = np.array(pooled.embed([text, "Paris"], normalize=True))
+        assert unit.shape == (2, per_token.shape[1]) and np.allclose(np.linalg.norm(unit, axis=1), 1, atol=1e-5)
+
+
+def test_generation_after_an_embedding_is_unchanged(llm):
+    before = llm.generate("Once upon a time", max_tokens=4, temperature=0).tokens
+    llm.create_embedding("Something else")
+    after = llm.generate("Once upon a time", max_tokens=4, temperature=0)
+    assert after.tokens == before and after.timings.cached_n == 0
 
 
 # -- a full context -------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 from ggflow.api import arguments as A
 from ggflow.api.chat import ChatMixin
 from ggflow.api.completions import CompletionMixin
+from ggflow.api.embeddings import EmbeddingMixin, check_pooling_type
 from ggflow.api.logprobs import sequence_logprobs, token_logprob
 from ggflow.api.model_path import default_model_path
 from ggflow.api.records import FINISH_LENGTH, FINISH_STOP, Completion, Generation, Timings
@@ -28,21 +29,23 @@ from ggflow.core.batch import Batch
 from ggflow.errors import ArgumentError, ContextFullError, GGFlowError
 
 # llama-cpp-python Llama(...) options that change nothing here, accepted so a ported script runs as is
-IGNORED_LLAMA_OPTIONS = frozenset({"verbose", "logits_all", "n_batch", "n_gpu_layers", "use_mmap", "use_mlock",
+IGNORED_LLAMA_OPTIONS = frozenset({"verbose", "logits_all", "embedding", "n_batch", "n_gpu_layers", "use_mmap", "use_mlock",
                                    "n_threads_batch", "offload_kqv", "flash_attn", "last_n_tokens_size", "numa"})
 
 
-class LLM(TokensMixin, CompletionMixin, ChatMixin, StateMixin):
+class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
     def __init__(self, model_path: str | None = None, *, backend: "str | Sequence[str]" = "auto",
                  n_ctx: int | None = 2048, n_threads: int | None = None, n_ubatch: int = 512,
                  seed: int | None = None, type_k: str = "F16", type_v: str = "F16", vocab_only: bool = False,
-                 context_shift: bool = False, n_keep: int = 0, **llama_cpp_options: Any):
+                 context_shift: bool = False, n_keep: int = 0, pooling_type: "str | int | None" = None,
+                 **llama_cpp_options: Any):
         from ggflow.core.vocab import Vocab
 
         unknown = sorted(set(llama_cpp_options) - IGNORED_LLAMA_OPTIONS)
         if unknown:
             raise ArgumentError(unknown[0], llama_cpp_options[unknown[0]], "left out: LLM takes model_path, backend, "
-                                "n_ctx, n_threads, n_ubatch, seed, type_k, type_v, vocab_only, context_shift, n_keep")
+                                "n_ctx, n_threads, n_ubatch, seed, type_k, type_v, vocab_only, context_shift, n_keep, "
+                                "pooling_type")
         if model_path is not None and not isinstance(model_path, (str, bytes)) and not hasattr(model_path, "__fspath__"):
             raise ArgumentError("model_path", model_path, "a path to a GGUF file (or None for the default model)")
         n_ctx = A.check_n_ctx(n_ctx)
@@ -50,6 +53,7 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, StateMixin):
         self.seed = A.check_seed(seed)
         self.context_shift = A.check_bool("context_shift", context_shift)
         self.n_keep = A.check_int("n_keep", n_keep, -1)
+        self.pooling_type = check_pooling_type(pooling_type)
         if n_threads is not None:
             A.check_int("n_threads", n_threads, 1)
         self.model_path = str(model_path) if model_path is not None else default_model_path()
@@ -166,6 +170,21 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, StateMixin):
         memory.seq_add(0, n_keep + n_discard, n_past, -n_discard)
         del self._cached[n_keep: n_keep + n_discard]
         self._reusable = min(self._reusable, n_keep)  # the shifted tail attended to what is gone
+
+    def _hidden_states(self, tokens: list[int]) -> np.ndarray:
+        """The final hidden states [n_tokens, n_embd] of tokens evaluated alone from position 0 (the caller
+        holds the turn). The cached tokens are dropped: the cache then holds these."""
+        ctx = self._require_context()
+        ctx.memory.seq_rm(0, 0, -1)
+        self._cached, self._reusable = [], 0
+        ctx.set_embeddings(True)
+        try:
+            if ctx.decode(Batch.from_tokens(tokens, all_logits=True)) != 0:
+                raise ContextFullError("the KV cache is full")
+            return ctx.get_embeddings().copy()
+        finally:
+            ctx.set_embeddings(False)
+            ctx.memory.seq_rm(0, 0, -1)  # K/V of an embedding input are no prompt to continue
 
     # -- generation --------------------------------------------------------------------------------
     def generate(self, prompt: "str | Sequence[int]", max_tokens: int | None = 128, *,

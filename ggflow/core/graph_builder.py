@@ -31,9 +31,11 @@ class FFN(Enum):
 
 
 class GraphBuilder:
-    def __init__(self, model: "Model", memory: "Memory", n_tokens: int, n_outputs: int, n_kv: int):
+    def __init__(self, model: "Model", memory: "Memory", n_tokens: int, n_outputs: int, n_kv: int,
+                 embeddings: bool = False):
         self.model, self.hp, self.memory = model, model.hparams, memory
         self.n_tokens, self.n_outputs, self.n_kv = n_tokens, n_outputs, n_kv
+        self.embeddings = embeddings   # output the final hidden state instead of logits (llama.cpp's t_embd)
         self.graph = Graph()
         self.inp_tokens = ops.new_input("I32", (n_tokens,), "inp_tokens")
         self.inp_pos = ops.new_input("I32", (n_tokens,), "inp_pos")
@@ -124,7 +126,10 @@ class GraphBuilder:
         return tuple(ops.get_rows(x, self.inp_out_ids) for x in xs)
 
     def lm_head(self, x: Tensor, output: Tensor) -> Tensor:
-        """Logits [n_vocab, n_outputs] (output is the token embedding, for a model that ties them)."""
+        """Logits [n_vocab, n_outputs] (output is the token embedding, for a model that ties them).
+        With ``embeddings``, x itself [n_embd, n_outputs]: the hidden state after the output norm."""
+        if self.embeddings:
+            return x
         return ops.mul_mat(output, x)
 
     def split_heads(self, x: Tensor, head_dim: int) -> Tensor:
