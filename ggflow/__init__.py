@@ -19,10 +19,12 @@ _WHERE = {
     "dequantize": "ggflow.core.quants",
 }
 _MODULES = ("errors", "api")
-__all__ = sorted([*_WHERE, *_MODULES, "__version__"])
+__all__ = sorted([*_WHERE, *_MODULES, "Llama", "__version__"])
 
 
 def __getattr__(name: str) -> Any:
+    if name == "Llama":  # llama-cpp-python's name: `from ggflow import Llama` ports a script
+        return __getattr__("LLM")
     if name in _MODULES:
         value = importlib.import_module(f"ggflow.{name}")
     elif name in _WHERE:

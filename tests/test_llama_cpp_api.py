@@ -51,7 +51,9 @@ def llama_script(Llama, model_path):
 def test_a_llama_cpp_python_script_runs_with_only_the_import_changed():
     if MISSING:
         pytest.skip(MISSING)
-    out = llama_script(LLM, default_model_path())
+    from ggflow import Llama              # was: from llama_cpp import Llama
+
+    out = llama_script(Llama, default_model_path())
     echo = out["echo"]
     assert echo["text"].startswith("The capital of France is") and "Paris" in echo["text"]
     lp = echo["logprobs"]
