@@ -9,7 +9,9 @@ are re-rotated to their new positions.
 """
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -29,8 +31,9 @@ from ggflow.core.batch import Batch
 from ggflow.errors import ArgumentError, ContextFullError, GGFlowError
 
 # llama-cpp-python Llama(...) options that change nothing here, accepted so a ported script runs as is
-IGNORED_LLAMA_OPTIONS = frozenset({"verbose", "logits_all", "embedding", "n_batch", "n_gpu_layers", "use_mmap", "use_mlock",
-                                   "n_threads_batch", "offload_kqv", "flash_attn", "last_n_tokens_size", "numa"})
+IGNORED_LLAMA_OPTIONS = frozenset({"verbose", "logits_all", "embedding", "n_batch", "n_gpu_layers", "use_mmap",
+                                   "use_mlock", "n_threads_batch", "offload_kqv", "flash_attn", "last_n_tokens_size",
+                                   "numa"})
 
 
 class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
@@ -46,7 +49,7 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
             raise ArgumentError(unknown[0], llama_cpp_options[unknown[0]], "left out: LLM takes model_path, backend, "
                                 "n_ctx, n_threads, n_ubatch, seed, type_k, type_v, vocab_only, context_shift, n_keep, "
                                 "pooling_type")
-        if model_path is not None and not isinstance(model_path, (str, bytes)) and not hasattr(model_path, "__fspath__"):
+        if model_path is not None and not isinstance(model_path, str) and not hasattr(model_path, "__fspath__"):
             raise ArgumentError("model_path", model_path, "a path to a GGUF file (or None for the default model)")
         n_ctx = A.check_n_ctx(n_ctx)
         n_ubatch = A.check_int("n_ubatch", n_ubatch, 1)
@@ -56,7 +59,7 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
         self.pooling_type = check_pooling_type(pooling_type)
         if n_threads is not None:
             A.check_int("n_threads", n_threads, 1)
-        self.model_path = str(model_path) if model_path is not None else default_model_path()
+        self.model_path = os.fspath(model_path) if model_path is not None else default_model_path()
         self.model = self.context = None
         self._lock = CallerLock()
         self._cached: list[int] = []   # tokens whose K/V sit in sequence 0 of the cache
@@ -282,12 +285,16 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
                                        list(generation.logprobs) if run.n_top is not None else None, prompt_lp)
 
 
+@dataclass
 class _Run:
     """One generation's checked arguments."""
-
-    def __init__(self, prompt, max_tokens, stops, chain, n_top, prompt_logprobs, criteria):
-        self.prompt, self.max_tokens, self.stops, self.chain = prompt, max_tokens, stops, chain
-        self.n_top, self.prompt_logprobs, self.criteria = n_top, prompt_logprobs, criteria
+    prompt: list[int]
+    max_tokens: int | None          # None: no limit
+    stops: list[str]
+    chain: Any                      # the SamplerChain
+    n_top: int | None               # logprobs alternatives (None: no logprobs)
+    prompt_logprobs: bool
+    criteria: list[Callable]        # stopping criteria
 
 
 def _replace(params: Any, **changes: Any) -> Any:
