@@ -231,3 +231,27 @@ def test_detokenize_with_any_value_works_or_raises_a_ggflow_error(llm, tokens, p
     except GGFlowError:
         return
     assert isinstance(out, bytes)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["tools", "tool_choice", "functions", "logprobs", "top_logprobs", "stop", "seed",
+                             "response_format", "temperature", "logit_bias", "stream"]), value=_any)
+def test_create_chat_completion_with_any_value_works_or_raises_a_ggflow_error(llm, name, value):
+    try:
+        out = llm.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=1, **{name: value})
+        if name == "stream" and value is True:
+            out = list(out)[-1]
+    except GGFlowError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert out["object"].startswith("chat.completion")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.one_of(_any, st.lists(_any, max_size=2)), normalize=_any)
+def test_embed_with_any_value_works_or_raises_a_ggflow_error(llm, value, normalize):
+    try:
+        out = llm.embed(value, normalize=normalize)
+    except GGFlowError:
+        return
+    assert isinstance(out, list) and out

@@ -55,6 +55,7 @@ class ChatMixin:
                                                 and response_format.get("type") == "text"):
             raise ArgumentError("response_format", response_format,
                                 'None or {"type": "text"}: JSON-constrained output is not implemented yet')
+        stream = A.check_bool("stream", stream)
         n_top = _chat_top_logprobs(logprobs, top_logprobs, self.vocab.n_vocab)
         options = llama_sampling(temperature, top_p, min_p, typical_p, frequency_penalty, presence_penalty,
                                  repeat_penalty, top_k, seed, tfs_z, mirostat_mode, mirostat_tau, mirostat_eta,

@@ -61,6 +61,7 @@ class CompletionMixin:
         if suffix is not None:
             raise ArgumentError("suffix", suffix, "None: fill-in-the-middle (suffix) is not implemented")
         echo = A.check_bool("echo", echo)
+        stream = A.check_bool("stream", stream)
         n_top = A.check_logprobs(logprobs, n_vocab)
         max_tokens = A.check_max_tokens(max_tokens)
         options = llama_sampling(temperature, top_p, min_p, typical_p, frequency_penalty, presence_penalty,
