@@ -323,3 +323,13 @@ def test_a_new_call_ends_this_threads_unfinished_stream(llm):
     other = llm.generate("The capital of France is", max_tokens=3, temperature=0)
     assert other.tokens == llm.generate("The capital of France is", max_tokens=3, temperature=0).tokens
     assert list(gen) == []   # the superseded stream ended instead of decoding into a changed cache
+
+
+def test_a_call_back_into_the_llm_from_its_own_generation_is_refused_not_deadlocked(llm):
+    def processor(ids, logits):
+        llm.generate("again", max_tokens=1)
+        return logits
+
+    with pytest.raises(GGFlowError, match="from inside one of its own running calls"):
+        llm.generate("Hi", max_tokens=2, logits_processor=processor)
+    assert llm.generate("Hi", max_tokens=2, temperature=0).tokens  # the LLM is usable afterwards

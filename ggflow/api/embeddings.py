@@ -64,6 +64,7 @@ class EmbeddingMixin:
         do_normalize = A.check_bool("normalize", normalize)
         truncate = A.check_bool("truncate", truncate)
         A.check_bool("return_count", return_count)
+        self._require_context()
         kind = self.pooling_type or model_pooling_type(self.model.metadata)
         n_ctx = self.n_ctx()
         token_lists = []
