@@ -51,18 +51,20 @@ def _describe(seam: str, reg: Registration) -> dict[str, Any]:
     if seam == "quant_types":
         entry.update(type_id=obj.type_id, block_size=obj.block_size, type_size=obj.type_size)
     elif seam == "backends":
-        available, reason = _availability(obj)
-        entry.update(available=available, reason=reason, priority=getattr(obj, "priority", 0))
+        available, reason, priority = _availability(obj)
+        entry.update(available=available, reason=reason, priority=priority)
     return entry
 
 
-def _availability(backend_cls: Any) -> tuple[bool, str]:
+def _availability(backend_cls: Any) -> tuple[bool, str, int]:
     # A backend's probe touches drivers and devices; one that crashes must not hide the others.
+    default = getattr(backend_cls, "priority", 0)
     try:
         result = backend_cls.is_available()
     except Exception as exc:
-        return False, f"is_available() raised {type(exc).__name__}: {exc}"
-    return bool(result), str(getattr(result, "reason", "") or "")
+        return False, f"is_available() raised {type(exc).__name__}: {exc}", default
+    priority = getattr(result, "priority", None)
+    return bool(result), str(getattr(result, "reason", "") or ""), default if priority is None else priority
 
 
 def _qualified_name(obj: Any) -> str:

@@ -73,6 +73,7 @@ class HostBuffer(Buffer):
 class Availability:
     available: bool
     reason: str = ""
+    priority: int | None = None   # the rank an instance would have here, when the probe found it (else the class's)
 
     def __bool__(self) -> bool:
         return self.available
