@@ -22,7 +22,8 @@ class ChatMixin:
 
     def chat_prompt_tokens(self, messages: Any, tools: Any = None, tool_choice: Any = None) -> list[int]:
         """The checked messages rendered by the chat template (with the assistant's turn opened), as tokens."""
-        messages = A.check_messages(messages)
+        # an assistant turn that only calls tools has content None (OpenAI); templates concatenate content
+        messages = [{**m, "content": ""} if m.get("content") is None else m for m in A.check_messages(messages)]
         tools = A.check_tools(tools)
         tool_choice = A.check_tool_choice(tool_choice)
         variables = {} if tool_choice is None else {"tool_choice": tool_choice}
