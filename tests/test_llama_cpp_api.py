@@ -333,3 +333,12 @@ def test_a_call_back_into_the_llm_from_its_own_generation_is_refused_not_deadloc
     with pytest.raises(GGFlowError, match="from inside one of its own running calls"):
         llm.generate("Hi", max_tokens=2, logits_processor=processor)
     assert llm.generate("Hi", max_tokens=2, temperature=0).tokens  # the LLM is usable afterwards
+
+
+def test_a_conversation_with_a_tool_call_and_its_result_renders(llm):
+    messages = [{"role": "user", "content": "What is 6 times 7?"},
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "1", "type": "function", "function": {"name": "mul", "arguments": "{}"}}]},
+                {"role": "tool", "content": "42"}]
+    text = llm.detokenize(llm.chat_prompt_tokens(messages), special=True).text
+    assert "What is 6 times 7?" in text and "42" in text
