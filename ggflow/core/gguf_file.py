@@ -2,8 +2,9 @@
 
 gguf.GGUFReader builds a numpy view per array element, which takes seconds for a 49k-150k token
 vocabulary before any weight is touched; reading the header with struct and numpy.frombuffer takes
-milliseconds. Numeric arrays come back as numpy arrays, string arrays as lists of str. The gguf
-package stays the reference for writing files and for the tests.
+milliseconds. Numeric arrays come back as numpy arrays, string arrays as lists of str, and each
+key-value entry's raw bytes stay reachable (kv_entry) for copying metadata as is. The gguf package
+stays the reference for the tests.
 
 Layout (GGUF v2/v3, little-endian): magic "GGUF", version u32, n_tensors u64, n_kv u64; n_kv
 (key string, value type u32, value); n_tensors (name string, n_dims u32, ne u64 x n_dims, type u32,
@@ -67,18 +68,19 @@ class GGUFFile:
         self.pos = 24
         self.fields: dict[str, Any] = {}
         self.types: dict[str, tuple[int, int | None]] = {}   # key -> (GGUF value type, array element type)
-        seen: set[str] = set()
+        self.kv_spans: dict[str, tuple[int, int]] = {}  # every key, in file order: its entry's bytes
         for _ in range(n_kv):
+            start = self.pos
             key = self._string()
-            if key in seen:   # gguf_init_from_file refuses a duplicated key too
+            if key in self.kv_spans:   # gguf_init_from_file refuses a duplicated key too
                 raise ModelLoadError(f"{self.path}: metadata key {key!r} appears twice")
-            seen.add(key)
             (vtype,) = self._unpack("<I")
             itype = struct.unpack_from("<I", mm, self.pos)[0] if vtype == ARRAY else None
             wanted = keep(key) or key == "general.alignment"
             value = self._value(vtype, wanted)
             if wanted:
                 self.fields[key], self.types[key] = value, (vtype, itype)
+            self.kv_spans[key] = (start, self.pos)
         self.tensors: list[TensorInfo] = []
         if not read_tensors:
             return
@@ -162,6 +164,12 @@ class GGUFFile:
     # -- access ----------------------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
+
+    def kv_entry(self, key: str) -> bytes:
+        """The key-value entry as the file stores it (key, value type, value): what copying metadata
+        byte for byte needs, whatever the value holds (non-UTF-8 strings, empty arrays)."""
+        start, end = self.kv_spans[key]
+        return bytes(self._mm[start:end])
 
     def data(self) -> np.ndarray:
         """The whole file as a read-only uint8 array over the memory map (no copy)."""
