@@ -89,7 +89,7 @@ class Model:
     def vocab(self):
         if self._vocab is None:
             from ggflow.core.vocab import Vocab
-            self._vocab = Vocab(self.file.fields, self.path)
+            self._vocab = Vocab(self.metadata, self.path)   # typed reads, errors naming the GGUF types
         return self._vocab
 
     @property
