@@ -78,3 +78,19 @@ def test_an_unmutated_image_serializes_back_to_a_file_that_runs(tmp_path):
         pytest.skip(f"tiny shared models absent under {fz.SHARED}/models")
     outcome = fz.run_case(fz.serialize(fz.read_image(MODELS[0])), tmp_path / "same.gguf", budget_s=900)
     assert outcome.kind == "ran", outcome.detail
+
+
+# -- what the fuzzer found, pinned ---------------------------------------------------------------------
+def test_q8_k_activations_of_an_infinite_row_give_ggmls_infinite_scale_not_a_zero_division():
+    # tiny-llama-hs-q4_k_m.gguf/tensor_type_ids/1932: garbage weights overflowed an activation row to inf;
+    # quantize_q8_K raised ZeroDivisionError (numba's Python division) where ggml computes 1 / -0.0 = -inf
+    import numpy as np
+
+    from ggflow.backends_builtin.cpu import _qmm_act as act
+
+    x = np.zeros((2, 256), np.float32)
+    x[0, 3], x[1, :] = np.inf, 1.0
+    xq, d, bsums = np.empty((2, 256), np.int16), np.empty((2, 1), np.float32), np.empty((2, 16), np.int32)
+    act.quantize_q8_K(x, xq, d, bsums)
+    assert d[0, 0] == -np.inf
+    assert d[1, 0] == np.float32(1.0) / np.float32(-127.0) and (xq[1] == -127).all()   # finite rows as before
