@@ -98,11 +98,12 @@ def _n_vocab(meta: Metadata) -> int:
     """The tokens' count, as llama.cpp sizes token_embd by it; a vocab_size that disagrees is refused
     (the file would load and fail mid-generation on an id with no token)."""
     tokens = meta.get_array("tokenizer.ggml.tokens", "str", None)
-    vocab_size = meta.get_int(meta.arch_key("vocab_size"), None, min=1, max=INT32_MAX)
+    key = meta.arch_key("vocab_size")
+    vocab_size = meta.get_int(key, None, min=1, max=INT32_MAX)
     if tokens is not None and vocab_size is not None and vocab_size != len(tokens):
-        raise ModelLoadError(f"{meta.path}: metadata key {meta.arch_key('vocab_size')!r} = {vocab_size} but tokenizer.ggml.tokens "
+        raise ModelLoadError(f"{meta.path}: metadata key {key!r} = {vocab_size} but tokenizer.ggml.tokens "
                              f"has {len(tokens)} entries")
     n_vocab = len(tokens) if tokens is not None else vocab_size
     if not n_vocab:
-        raise ModelLoadError(f"{meta.path}: vocabulary size unknown (no {meta.arch_key('vocab_size')}, no tokens)")
+        raise ModelLoadError(f"{meta.path}: vocabulary size unknown (no {key}, no tokens)")
     return n_vocab
