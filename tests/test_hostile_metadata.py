@@ -177,3 +177,10 @@ def test_the_cli_prints_an_error_not_a_traceback(llama, capsys):
     assert main(["info", "-m", str(llama(llama__block_count=(STRING, "abc")))]) != 0
     err = capsys.readouterr().err
     assert "error:" in err and "llama.block_count" in err and "Traceback" not in err
+
+
+def test_the_largest_context_length_llama_cpp_can_pass_to_ggml_still_runs(llama, tmp_path):
+    # 2**31 - 1 is the bound (ggml takes n_ctx_orig as int32); the rope cache must not overflow below it
+    path = llama(llama__context_length=(U32, 2**31 - 1))
+    outcome = fz.run_case(path.read_bytes(), tmp_path / "max-ctx.gguf", budget_s=120)
+    assert outcome.kind == "ran", outcome.detail
