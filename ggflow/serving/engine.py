@@ -100,6 +100,13 @@ class Engine:
         if request.max_tokens < 1:
             raise GGFlowError(f"max_tokens must be at least 1, got {request.max_tokens}")
 
+    def clear_cache(self) -> None:
+        """Forget every idle slot's cached tokens (engine thread, or while the engine is not running)."""
+        for s in self.slots:
+            if not s.is_busy:
+                self._forget_cache(s)
+        self._publish()
+
     def slots_snapshot(self) -> list[dict[str, Any]]:
         return self._slots_snapshot
 
