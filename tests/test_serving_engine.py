@@ -171,3 +171,18 @@ def test_generate_many_returns_completions_in_order_as_alone(model, engine):
     solo = [alone(engine, p, max_tokens=8) for p in PROMPTS[:3]]
     many = generate_many(model, PROMPTS[:3], max_tokens=8, n_slots=2, temperature=0, n_ctx=256, n_threads=1)
     assert [c.tokens for c in many] == [c.tokens for c in solo]
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "core: the attention sums over KV cells in cell order, and find_slot gives a sequence the lowest free "
+    "cells, so after prefix reuse under concurrency a sequence's later tokens can land in holes below its "
+    "earlier cells and its sums round differently. Needs find_slot to place a sequence's tokens after its "
+    "last cell (or the kernels to accumulate in position order)."))
+def test_batched_greedy_output_equals_alone_after_prefix_reuse(engine):
+    solo = [alone(engine, p, max_tokens=24) for p in PROMPTS]
+    engine.clear_cache()
+    for p in PROMPTS:                       # each prompt cached in its own slot, one after another
+        run(engine, [p], max_tokens=24)
+    together = run(engine, PROMPTS, max_tokens=24)
+    assert all(c.timings.cached_n > 0 for c in together)
+    assert [c.tokens for c in together] == [c.tokens for c in solo]

@@ -64,13 +64,19 @@ def run(args: argparse.Namespace) -> int:
         except GGFlowError as exc:
             state.load_error = f"the model failed to load: {exc}"
             logging.getLogger("ggflow.serving").error(state.load_error)
-            os.kill(os.getpid(), signal.SIGTERM)
+            server.should_exit = True
 
-    loader = threading.Thread(target=load, name="ggflow-load", daemon=True)
-    loader.start()
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=None)
-    uvicorn.Server(config).run()   # SIGTERM/SIGINT: stop accepting, let open responses finish
+    server = uvicorn.Server(config)
+    loader = threading.Thread(target=load, name="ggflow-load", daemon=True)
+    loader.start()
+    # uvicorn handles SIGTERM/SIGINT (stop accepting, let open responses finish), then raises the signal
+    # again for the handler that was there before it: ours, so the engine drains and the exit status is 0
+    stopped = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stopped.append(signum))
+    server.run()
     loader.join()
     if state.engine is not None:
         state.engine.stop(drain=True)  # whatever is still queued or running completes

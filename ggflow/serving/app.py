@@ -94,6 +94,13 @@ def create_app(state: ServerState) -> FastAPI:
     async def slots():
         return state.ready().slots_snapshot()
 
+    @app.post("/slots/{slot_id}")
+    async def slot_action(slot_id: int, action: str = ""):
+        if action != "erase":
+            raise GGFlowError(f"unknown slot action {action!r}: ggflow supports ?action=erase")
+        n = await asyncio.wrap_future(state.ready().erase_slot(slot_id))
+        return {"id_slot": slot_id, "n_erased": n}
+
     @app.post("/tokenize")
     async def tokenize(http: HTTPRequest):
         body = await _parse(http, TokenizeBody)

@@ -18,7 +18,8 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Sequence
+from concurrent.futures import Future
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -57,6 +58,7 @@ class Engine:
         self.slots = [Slot(i, first_seq_id + i, self.n_ctx) for i in range(n_slots)]
         self.metrics = EngineMetrics(self._cache_size())
         self._waiting: collections.deque[Request] = collections.deque()
+        self._calls: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._cond = threading.Condition()
         self._n_idle = n_slots                          # read by submit() under the lock
         self._stopping = False
@@ -100,6 +102,28 @@ class Engine:
         if request.max_tokens < 1:
             raise GGFlowError(f"max_tokens must be at least 1, got {request.max_tokens}")
 
+    def call_soon(self, fn: Callable[[], Any]) -> Future:
+        """Run fn in the engine thread before its next step (the Context is touched only there)."""
+        future: Future = Future()
+        with self._cond:
+            self._calls.append((fn, future))
+            self._cond.notify()
+        return future
+
+    def erase_slot(self, slot_id: int) -> Future:
+        """llama-server's slot erase: forget an idle slot's cached tokens; the future gives how many."""
+        if not 0 <= slot_id < len(self.slots):
+            raise GGFlowError(f"there is no slot {slot_id}: the slots are 0..{len(self.slots) - 1}")
+        slot = self.slots[slot_id]
+
+        def erase() -> int:
+            if slot.is_busy:
+                raise GGFlowError(f"slot {slot_id} is processing a request; erase it when it is idle")
+            n = len(slot.cache_tokens)
+            self._forget_cache(slot)
+            return n
+        return self.call_soon(erase)
+
     def clear_cache(self) -> None:
         """Forget every idle slot's cached tokens (engine thread, or while the engine is not running)."""
         for s in self.slots:
@@ -136,16 +160,16 @@ class Engine:
     def run_forever(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self._any_busy() and not self._stopping:
+                while not self._waiting and not self._calls and not self._any_busy() and not self._stopping:
                     self._cond.wait(0.5)
-                if self._stopping and not self._waiting and not self._any_busy():
+                if self._stopping and not self._waiting and not self._calls and not self._any_busy():
                     return
             self.step()
 
     def run_until_idle(self, timeout: float | None = None) -> None:
         """Step in the calling thread until nothing is waiting or running (offline batches, tests)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._waiting or self._any_busy():
+        while self._waiting or self._calls or self._any_busy():
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"the engine was still busy after {timeout} s")
             self.step()
@@ -156,6 +180,7 @@ class Engine:
     # -- one step ------------------------------------------------------------------------------------
     def step(self) -> None:
         """Admit, plan, decode once, sample. An unexpected failure ends the requests in flight, not the engine."""
+        self._run_calls()
         try:
             self._drop_cancelled()
             self._admit()
@@ -170,6 +195,15 @@ class Engine:
                     self._record_finished(s.finish(FINISH_ERROR, error=f"{type(exc).__name__}: {exc}").timings)
         finally:
             self._publish()
+
+    def _run_calls(self) -> None:
+        while self._calls:
+            with self._cond:
+                fn, future = self._calls.popleft()
+            try:
+                future.set_result(fn())
+            except Exception as exc:
+                future.set_exception(exc)
 
     def _drop_cancelled(self) -> None:
         for s in self.slots:
