@@ -215,7 +215,7 @@ async def _generate(state: ServerState, engine: Engine, body: _Generation, token
                     ids: ResponseIds, default_max_tokens: int):
     events = _Events()
     request = Request(tokens, events.on_event, max_tokens=body.token_limit(default_max_tokens),
-                      sampling=body.sampling(), stop=body.stops())
+                      sampling=body.sampling(engine.vocab.special.eog), stop=body.stops())
     engine.submit(request)   # raises the 400 / 503 refusals before anything is sent
     if body.stream:
         return StreamingResponse(_sse(events, request, ids, body.include_usage), media_type="text/event-stream",

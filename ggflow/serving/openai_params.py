@@ -2,7 +2,8 @@
 ``SamplingParams``. The models are strict: a field of the wrong type is a 400, not a silent coercion."""
 from __future__ import annotations
 
-from typing import Any, Union
+import math
+from typing import Any, Iterable, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,8 +58,9 @@ class _Generation(_Strict):
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
     seed: int | None = None
+    ignore_eos: bool = False                   # llama-server's: end-of-generation tokens get a -inf bias
 
-    def sampling(self) -> SamplingParams:
+    def sampling(self, eog_tokens: Iterable[int] = ()) -> SamplingParams:
         """The request's sampling options; llama.cpp's defaults for the fields it leaves out."""
         if self.n != 1:
             raise GGFlowError(f"n={self.n} is not supported: ggflow returns one choice per request")
@@ -70,6 +72,8 @@ class _Generation(_Strict):
                 given["logit_bias"] = {int(k): float(v) for k, v in self.logit_bias.items()}
             except ValueError:
                 raise GGFlowError("logit_bias keys must be token ids (integers as strings)") from None
+        if self.ignore_eos:
+            given["logit_bias"] = {**given.get("logit_bias", {}), **{t: -math.inf for t in eog_tokens}}
         return SamplingParams(**given)
 
     def stops(self) -> list[str]:
