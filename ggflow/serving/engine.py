@@ -45,9 +45,10 @@ class Engine:
 
         A sequence id outside that range (e.g. the 0 an ``LLM`` keeps its own cache in) is left alone.
         """
-        if n_slots < 1 or first_seq_id < 0 or first_seq_id + n_slots > MAX_SEQ:
-            raise GGFlowError(f"n_slots must be in [1, {MAX_SEQ - first_seq_id}] (the KV cache tracks "
-                              f"{MAX_SEQ} sequences), got {n_slots}")
+        n_seq_max = int(getattr(context.memory, "n_seq_max", MAX_SEQ))
+        if n_slots < 1 or first_seq_id < 0 or first_seq_id + n_slots > n_seq_max:
+            raise GGFlowError(f"n_slots must be in [1, {n_seq_max - first_seq_id}] (the KV cache tracks "
+                              f"{n_seq_max} sequences), got {n_slots}")
         if max_queue < 0:
             raise GGFlowError(f"max_queue must be >= 0, got {max_queue}")
         self.ctx = context
