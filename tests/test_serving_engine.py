@@ -186,3 +186,16 @@ def test_batched_greedy_output_equals_alone_after_prefix_reuse(engine):
     together = run(engine, PROMPTS, max_tokens=24)
     assert all(c.timings.cached_n > 0 for c in together)
     assert [c.tokens for c in together] == [c.tokens for c in solo]
+
+
+def test_generate_many_on_an_llm_leaves_its_own_cache_alone():
+    from ggflow.api import LLM
+
+    llm = LLM(n_ctx=512, n_threads=1)
+    first = llm.generate(PROMPTS[0], 6, temperature=0)
+    many = generate_many(llm, PROMPTS[1:3], max_tokens=6, temperature=0)
+    again = llm.generate(PROMPTS[0], 6, temperature=0)
+    assert again.timings.cached_n == len(first.prompt_tokens) - 1   # sequence 0 is still cached
+    assert again.tokens == first.tokens
+    assert [c.tokens for c in many] == [llm.generate(p, 6, temperature=0).tokens for p in PROMPTS[1:3]]
+    assert llm.context.memory.n_used == llm.context.memory.seq_pos_max(0) + 1   # the batch's sequences are gone

@@ -30,6 +30,9 @@ TIMEOUT_S = 120
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "Three primary colors are"]
 
 
+SERVED: dict = {}   # the fixture's engine, for tests that build a second app on its Context
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -50,6 +53,7 @@ def server():
         assert time.monotonic() < deadline, "the server did not start"
         time.sleep(0.05)
     try:
+        SERVED["engine"] = engine
         yield f"http://127.0.0.1:{port}"
     finally:
         srv.should_exit = True
@@ -202,6 +206,29 @@ def test_health_is_503_while_the_model_loads():
         r = h.get("/health")
         assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
         assert h.post("/v1/completions", json={"prompt": "x"}).status_code == 503
+
+
+def test_queue_full_is_503(server):
+    """A second, never started engine on the same Context: one request fills its only slot, no queue."""
+    from fastapi.testclient import TestClient
+    from ggflow.serving import Request
+
+    engine = Engine(SERVED["engine"].ctx, n_slots=1, max_queue=0)
+    engine.submit(Request([1, 2, 3], lambda ev: None))
+    with TestClient(create_app(ServerState(model_name="m", engine=engine))) as h:
+        r = h.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
+
+
+def test_a_client_that_leaves_a_plain_request_frees_its_slot(server):
+    wait_idle(server)
+    body = {"prompt": PROMPTS[1], "max_tokens": 400, "temperature": 0}
+    with httpx.Client(base_url=server, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=1.0) as h:
+        with pytest.raises(httpx.ReadTimeout):
+            h.post("/v1/completions", json=body)
+    slots = wait_idle(server, timeout=30)
+    assert not any(s["is_processing"] for s in slots)
+    assert all(s["n_cached"] < 200 for s in slots)
 
 
 # -- the other routes --------------------------------------------------------------------------------

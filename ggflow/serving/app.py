@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, TypeVar
 
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import Depends, FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
@@ -27,6 +27,7 @@ from ggflow.serving.request import (Done, EngineStoppedError, Piece, PromptTooLo
 from ggflow.serving.responses import (ResponseIds, chunk, error_body, final_chunk, full_response, usage_chunk)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat runs to the end
+DISCONNECT_POLL_S = 0.5              # how often a waiting non-streamed request checks for its client
 
 
 @dataclass
@@ -56,22 +57,25 @@ class _Unavailable(Exception):
     pass
 
 
+class _Unauthorized(Exception):
+    pass
+
+
 def _error(status: int, message: str, kind: str, **extra: Any) -> JSONResponse:
     return JSONResponse(error_body(message, kind, status, **extra), status_code=status)
 
 
 def create_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="ggflow", docs_url=None, redoc_url=None)
-    app.state.ggflow = state
-    _install_error_handlers(app)
-
-    @app.middleware("http")
-    async def require_api_key(request: HTTPRequest, call_next):
+    async def require_api_key(request: HTTPRequest) -> None:
+        """A dependency of every route (/health exempt), so a refusal goes through the error handlers."""
         if state.api_key and request.url.path != "/health":
             given = request.headers.get("authorization", "")
             if not secrets.compare_digest(given.encode(), f"Bearer {state.api_key}".encode()):
-                return _error(401, "Invalid API Key", "authentication_error")
-        return await call_next(request)
+                raise _Unauthorized("Invalid API Key")
+
+    app = FastAPI(title="ggflow", docs_url=None, redoc_url=None, dependencies=[Depends(require_api_key)])
+    app.state.ggflow = state
+    _install_error_handlers(app)
 
     @app.get("/health")
     async def health():
@@ -127,7 +131,7 @@ def create_app(state: ServerState) -> FastAPI:
                 raise GGFlowError(f"{len(prompt)} prompts in one request are not supported: send one per request")
             prompt = prompt[0]
         tokens = engine.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        return await _generate(state, engine, body, tokens, ResponseIds(False, state.model_name),
+        return await _generate(http, engine, body, tokens, ResponseIds(False, state.model_name),
                                COMPLETION_DEFAULT_MAX_TOKENS)
 
     @app.post("/v1/chat/completions")
@@ -136,7 +140,7 @@ def create_app(state: ServerState) -> FastAPI:
         body = await _parse(http, ChatCompletionBody)
         engine = state.ready()
         tokens = chat_prompt_tokens(state.chat_template(), engine.vocab, body.messages)
-        return await _generate(state, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx)
+        return await _generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx)
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")
@@ -186,6 +190,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def busy(request: HTTPRequest, exc: GGFlowError):
         return _error(503, str(exc), "unavailable_error")
 
+    @app.exception_handler(_Unauthorized)
+    async def unauthorized(request: HTTPRequest, exc: _Unauthorized):
+        return _error(401, str(exc), "authentication_error")
+
     @app.exception_handler(_Unavailable)
     async def loading(request: HTTPRequest, exc: _Unavailable):
         return _error(503, str(exc), "unavailable_error")
@@ -211,7 +219,7 @@ class _Events:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
 
-async def _generate(state: ServerState, engine: Engine, body: _Generation, tokens: list[int],
+async def _generate(http: HTTPRequest, engine: Engine, body: _Generation, tokens: list[int],
                     ids: ResponseIds, default_max_tokens: int):
     events = _Events()
     request = Request(tokens, events.on_event, max_tokens=body.token_limit(default_max_tokens),
@@ -221,12 +229,22 @@ async def _generate(state: ServerState, engine: Engine, body: _Generation, token
         return StreamingResponse(_sse(events, request, ids, body.include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     event: Piece | Done | None = None
+    next_check = time.monotonic() + DISCONNECT_POLL_S
     try:
         while not isinstance(event, Done):
-            event = await events.queue.get()
+            try:
+                event = await asyncio.wait_for(events.queue.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+            if time.monotonic() >= next_check:   # pieces arrive faster than any timeout: check by the clock
+                if await http.is_disconnected():
+                    break
+                next_check = time.monotonic() + DISCONNECT_POLL_S
     finally:
         if not isinstance(event, Done):   # the handler was cancelled: nobody will read the result
             request.cancel()
+    if not isinstance(event, Done):
+        return Response(status_code=499)   # nobody is listening any more (nginx's "client closed request")
     if event.error is not None:
         return _error(500, event.error, "server_error")
     return full_response(ids, event.completion)
