@@ -193,7 +193,7 @@ def test_generate_many_on_an_llm_leaves_its_own_cache_alone():
 
     llm = LLM(n_ctx=512, n_threads=1)
     first = llm.generate(PROMPTS[0], 6, temperature=0)
-    many = generate_many(llm, PROMPTS[1:3], max_tokens=6, temperature=0)
+    many = llm.generate_many(PROMPTS[1:3], max_tokens=6, temperature=0)
     again = llm.generate(PROMPTS[0], 6, temperature=0)
     assert again.timings.cached_n == len(first.prompt_tokens) - 1   # sequence 0 is still cached
     assert again.tokens == first.tokens
