@@ -20,8 +20,8 @@ from ggflow.api import Completion
 from ggflow.errors import GGFlowError
 from ggflow.serving.chat import chat_prompt_tokens
 from ggflow.serving.engine import Engine
-from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, DetokenizeBody, EmbeddingBody,
-                                          TokenizeBody, _Generation)
+from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody,
+                                          _Generation)
 from ggflow.serving.prometheus import metrics_text
 from ggflow.serving.request import (Done, EngineStoppedError, Piece, PromptTooLongError, QueueFullError, Request)
 from ggflow.serving.responses import (ResponseIds, chunk, error_body, final_chunk, full_response, usage_chunk)
@@ -142,18 +142,7 @@ def create_app(state: ServerState) -> FastAPI:
         tokens = chat_prompt_tokens(state.chat_template(), engine.vocab, body.messages)
         return await _generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx)
 
-    @app.post("/v1/embeddings")
-    @app.post("/embeddings")
-    async def embeddings(http: HTTPRequest):
-        await _parse(http, EmbeddingBody)
-        state.ready()
-        raise _NotSupported("embeddings are not supported yet by the serving engine")
-
     return app
-
-
-class _NotSupported(GGFlowError):
-    pass
 
 
 class _BadBody(GGFlowError):
@@ -197,10 +186,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(_Unavailable)
     async def loading(request: HTTPRequest, exc: _Unavailable):
         return _error(503, str(exc), "unavailable_error")
-
-    @app.exception_handler(_NotSupported)
-    async def not_supported(request: HTTPRequest, exc: _NotSupported):
-        return _error(501, str(exc), "not_supported_error")
 
     @app.exception_handler(GGFlowError)
     async def bad_request(request: HTTPRequest, exc: GGFlowError):

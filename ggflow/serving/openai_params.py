@@ -106,9 +106,3 @@ class TokenizeBody(_Strict):
 
 class DetokenizeBody(_Strict):
     tokens: list[int]
-
-
-class EmbeddingBody(_Strict):
-    input: Union[str, list[str], list[int], list[list[int]]]
-    model: str | None = None
-    encoding_format: str = "float"
