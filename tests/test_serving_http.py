@@ -180,7 +180,8 @@ def test_missing_or_wrong_api_key_is_401_but_health_is_open(server):
 
 
 @pytest.mark.parametrize("body", [b"{not json", b'{"prompt": "x", "max_tokens": "ten"}', b'{"prompt": 3}',
-                                  b'{"prompt": "x", "temperature": "hot"}', b'[1, 2]'])
+                                  b'{"prompt": "x", "temperature": "hot"}', b'[1, 2]',
+                                  b'{"prompt": "x", "logit_bias": {"99999999": 1.0}}', b'{"prompt": "x", "n": 2}'])
 def test_malformed_or_mistyped_body_is_400(server, body):
     with http(server) as h:
         r = h.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
@@ -242,6 +243,13 @@ def test_slot_erase_forgets_the_cached_tokens(server, client):
     with http(server) as h:
         assert all(s["n_cached"] == 0 for s in h.get("/slots").json())
         assert h.post("/slots/99", params={"action": "erase"}).status_code == 400
+
+
+def test_props_report_the_slots_and_context(server):
+    with http(server) as h:
+        props = h.get("/props").json()
+    assert (props["total_slots"], props["n_ctx"]) == (4, 1024)
+    assert props["default_generation_settings"]["temperature"] == 0.8 and props["chat_template"]
 
 
 def test_tokenize_and_detokenize_round_trip(server):

@@ -6,6 +6,7 @@ events from an asyncio queue the engine thread feeds through ``loop.call_soon_th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 import time
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from ggflow.api import Completion
+from ggflow.core.sampling import SamplingParams
 from ggflow.errors import GGFlowError
 from ggflow.serving.chat import chat_prompt_tokens
 from ggflow.serving.engine import Engine
@@ -88,6 +90,15 @@ def create_app(state: ServerState) -> FastAPI:
     async def models():
         return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
                                             "owned_by": "ggflow"}]}
+
+    @app.get("/props")
+    async def props():
+        """llama-server's /props: what the server runs with."""
+        engine = state.ready()
+        return {"model_alias": state.model_name, "model_path": engine.ctx.model.path, "total_slots": len(engine.slots),
+                "n_ctx": engine.n_ctx, "n_batch": engine.n_batch, "max_queue": engine.max_queue,
+                "chat_template": state.chat_template().source,
+                "default_generation_settings": dataclasses.asdict(SamplingParams())}
 
     @app.get("/metrics")
     async def metrics():

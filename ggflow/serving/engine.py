@@ -26,6 +26,7 @@ import numpy as np
 from ggflow.api import Timings
 from ggflow.core.batch import Batch
 from ggflow.core.memory import MAX_SEQ
+from ggflow.core.sampling import build_chain
 from ggflow.errors import GGFlowError
 from ggflow.serving.admission import choose_slot
 from ggflow.serving.metrics import EngineMetrics
@@ -102,6 +103,8 @@ class Engine:
             raise GGFlowError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab.n_vocab})")
         if request.max_tokens < 1:
             raise GGFlowError(f"max_tokens must be at least 1, got {request.max_tokens}")
+        # built here, in the caller's thread: bad sampling options are the caller's error, not the engine's
+        request.chain = build_chain(request.sampling, vocab_size=self.vocab.n_vocab, vocab=self.vocab)
 
     def call_soon(self, fn: Callable[[], Any]) -> Future:
         """Run fn in the engine thread before its next step (the Context is touched only there)."""
@@ -287,7 +290,13 @@ class Engine:
             if slot.state is SlotState.PROMPT and slot.prompt_left():
                 continue
             was_prompt = slot.state is SlotState.PROMPT
-            finished = slot.sample(self.ctx.get_logits_ith(index))
+            try:
+                finished = slot.sample(self.ctx.get_logits_ith(index))
+            except Exception as exc:  # one request's sampler failed: end that request, not the step
+                log.exception("sampling failed")
+                self._forget_cache(slot)
+                self._record_finished(slot.finish(FINISH_ERROR, error=f"{type(exc).__name__}: {exc}").timings)
+                continue
             self.metrics.update(tokens_predicted_total=1)
             if was_prompt:
                 t = slot.timings

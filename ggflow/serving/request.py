@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence, Union
 
 from ggflow.api import Completion
-from ggflow.core.sampling import SamplingParams
+from ggflow.core.sampling import SamplerChain, SamplingParams
 from ggflow.errors import GGFlowError
 
 
@@ -57,6 +57,7 @@ class Request:
 
     def __post_init__(self):
         self.prompt = [int(t) for t in self.prompt]
+        self.chain: SamplerChain | None = None    # built by Engine.submit
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:

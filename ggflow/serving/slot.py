@@ -41,7 +41,7 @@ class Slot:
         self.request, self.state = request, SlotState.PROMPT
         self.cache_tokens = self.cache_tokens[:reuse]
         self.n_reused = reuse
-        self.chain = build_chain(request.sampling, vocab_size=vocab.n_vocab, vocab=vocab)
+        self.chain = request.chain or build_chain(request.sampling, vocab_size=vocab.n_vocab, vocab=vocab)
         for tok in request.prompt:  # repetition penalties look at the prompt too
             self.chain.accept(tok)
         self.vocab = vocab
