@@ -311,3 +311,13 @@ def test_serve_command_finishes_in_flight_requests_on_sigterm_and_exits_0(tmp_pa
             proc.kill()
             proc.wait(10)
         log.close()
+
+
+def test_serve_is_a_ggflow_command_with_llama_server_flags(capsys):
+    from ggflow.cli import main
+
+    assert main(["serve", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--host", "--port", "-np", "-c", "--api-key", "--backend", "-t"):
+        assert flag in out
+    assert main(["serve", "-np", "0"]) == 2 and "-np must be at least 1" in capsys.readouterr().err

@@ -11,25 +11,23 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from ggflow.api import Completion
 from ggflow.core.sampling import SamplingParams
 from ggflow.errors import GGFlowError
 from ggflow.serving.chat import chat_prompt_tokens
 from ggflow.serving.engine import Engine
-from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody,
-                                          _Generation)
+from ggflow.serving.openai_params import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
 from ggflow.serving.prometheus import metrics_text
-from ggflow.serving.request import (Done, EngineStoppedError, Piece, PromptTooLongError, QueueFullError, Request)
-from ggflow.serving.responses import (ResponseIds, chunk, error_body, final_chunk, full_response, usage_chunk)
+from ggflow.serving.generation import generate
+from ggflow.serving.request import EngineStoppedError, PromptTooLongError, QueueFullError
+from ggflow.serving.responses import ResponseIds, error_response
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat runs to the end
-DISCONNECT_POLL_S = 0.5              # how often a waiting non-streamed request checks for its client
 
 
 @dataclass
@@ -63,10 +61,6 @@ class _Unauthorized(Exception):
     pass
 
 
-def _error(status: int, message: str, kind: str, **extra: Any) -> JSONResponse:
-    return JSONResponse(error_body(message, kind, status, **extra), status_code=status)
-
-
 def create_app(state: ServerState) -> FastAPI:
     async def require_api_key(request: HTTPRequest) -> None:
         """A dependency of every route (/health exempt), so a refusal goes through the error handlers."""
@@ -82,7 +76,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health():
         if state.engine is None:
-            return _error(503, state.load_error or "Loading model", "unavailable_error")
+            return error_response(503, state.load_error or "Loading model", "unavailable_error")
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -142,7 +136,7 @@ def create_app(state: ServerState) -> FastAPI:
                 raise GGFlowError(f"{len(prompt)} prompts in one request are not supported: send one per request")
             prompt = prompt[0]
         tokens = engine.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        return await _generate(http, engine, body, tokens, ResponseIds(False, state.model_name),
+        return await generate(http, engine, body, tokens, ResponseIds(False, state.model_name),
                                COMPLETION_DEFAULT_MAX_TOKENS)
 
     @app.post("/v1/chat/completions")
@@ -151,7 +145,7 @@ def create_app(state: ServerState) -> FastAPI:
         body = await _parse(http, ChatCompletionBody)
         engine = state.ready()
         tokens = chat_prompt_tokens(state.chat_template(), engine.vocab, body.messages)
-        return await _generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx)
+        return await generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx)
 
     return app
 
@@ -182,98 +176,22 @@ async def _parse(http: HTTPRequest, model: type[_Body]) -> _Body:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(PromptTooLongError)
     async def too_long(request: HTTPRequest, exc: PromptTooLongError):
-        return _error(400, str(exc), "exceed_context_size_error", n_prompt_tokens=exc.n_prompt_tokens,
+        return error_response(400, str(exc), "exceed_context_size_error", n_prompt_tokens=exc.n_prompt_tokens,
                       n_ctx=exc.n_ctx)
 
     @app.exception_handler(QueueFullError)
     @app.exception_handler(EngineStoppedError)
     async def busy(request: HTTPRequest, exc: GGFlowError):
-        return _error(503, str(exc), "unavailable_error")
+        return error_response(503, str(exc), "unavailable_error")
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(request: HTTPRequest, exc: _Unauthorized):
-        return _error(401, str(exc), "authentication_error")
+        return error_response(401, str(exc), "authentication_error")
 
     @app.exception_handler(_Unavailable)
     async def loading(request: HTTPRequest, exc: _Unavailable):
-        return _error(503, str(exc), "unavailable_error")
+        return error_response(503, str(exc), "unavailable_error")
 
     @app.exception_handler(GGFlowError)
     async def bad_request(request: HTTPRequest, exc: GGFlowError):
-        return _error(400, str(exc), "invalid_request_error")
-
-
-# -- generation ------------------------------------------------------------------------------------
-class _Events:
-    """The engine thread's events for one request, delivered into the handler's event loop."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[Piece | Done] = asyncio.Queue()
-
-    def on_event(self, event: Piece | Done) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-
-
-async def _generate(http: HTTPRequest, engine: Engine, body: _Generation, tokens: list[int],
-                    ids: ResponseIds, default_max_tokens: int):
-    events = _Events()
-    request = Request(tokens, events.on_event, max_tokens=body.token_limit(default_max_tokens),
-                      sampling=body.sampling(engine.vocab.special.eog), stop=body.stops())
-    engine.submit(request)   # raises the 400 / 503 refusals before anything is sent
-    if body.stream:
-        return StreamingResponse(_sse(events, request, ids, body.include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    event: Piece | Done | None = None
-    next_check = time.monotonic() + DISCONNECT_POLL_S
-    try:
-        while not isinstance(event, Done):
-            try:
-                event = await asyncio.wait_for(events.queue.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                pass
-            if time.monotonic() >= next_check:   # pieces arrive faster than any timeout: check by the clock
-                if await http.is_disconnected():
-                    break
-                next_check = time.monotonic() + DISCONNECT_POLL_S
-    finally:
-        if not isinstance(event, Done):   # the handler was cancelled: nobody will read the result
-            request.cancel()
-    if not isinstance(event, Done):
-        return Response(status_code=499)   # nobody is listening any more (nginx's "client closed request")
-    if event.error is not None:
-        return _error(500, event.error, "server_error")
-    return full_response(ids, event.completion)
-
-
-def _sse_line(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
-async def _sse(events: _Events, request: Request, ids: ResponseIds, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per piece of text, the finishing chunk, usage if asked, [DONE].
-
-    If the client goes away, Starlette cancels this generator: ``finally`` cancels the request, and the
-    engine frees its slot at its next step.
-    """
-    done: Completion | None = None
-    try:
-        first = True
-        while done is None:
-            event = await events.queue.get()
-            if isinstance(event, Piece):
-                if event.text or first:
-                    yield _sse_line(chunk(ids, event.text, first=first))
-                    first = False
-                continue
-            if event.error is not None:
-                yield _sse_line(error_body(event.error, "server_error", 500))
-                break
-            done = event.completion
-            yield _sse_line(final_chunk(ids, done))
-            if include_usage:
-                yield _sse_line(usage_chunk(ids, done))
-        yield "data: [DONE]\n\n"
-    finally:
-        if done is None:
-            request.cancel()
+        return error_response(400, str(exc), "invalid_request_error")

@@ -25,7 +25,7 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _Generation(_Strict):
+class GenerationBody(_Strict):
     model: str | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None   # OpenAI's newer name (chat)
@@ -90,11 +90,11 @@ class _Generation(_Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class CompletionBody(_Generation):
+class CompletionBody(GenerationBody):
     prompt: Union[str, list[int], list[str]]
 
 
-class ChatCompletionBody(_Generation):
+class ChatCompletionBody(GenerationBody):
     messages: list[dict[str, Any]] = Field(min_length=1)
 
 

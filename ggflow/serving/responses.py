@@ -6,6 +6,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastapi.responses import JSONResponse
+
 from ggflow.api import Completion
 
 
@@ -62,3 +64,7 @@ def usage_chunk(ids: ResponseIds, c: Completion) -> dict[str, Any]:
 
 def error_body(message: str, kind: str, code: int, **extra: Any) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": code, **extra}}
+
+
+def error_response(status: int, message: str, kind: str, **extra: Any) -> JSONResponse:
+    return JSONResponse(error_body(message, kind, status, **extra), status_code=status)
