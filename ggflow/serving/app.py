@@ -173,25 +173,18 @@ async def _parse(http: HTTPRequest, model: type[_Body]) -> _Body:
             f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg')}" for e in exc.errors())) from None
 
 
+# exception -> (HTTP status, OpenAI error type); the first match wins, so subclasses come first
+_ERRORS = ((PromptTooLongError, 400, "exceed_context_size_error"), (QueueFullError, 503, "unavailable_error"),
+           (EngineStoppedError, 503, "unavailable_error"), (_Unavailable, 503, "unavailable_error"),
+           (_Unauthorized, 401, "authentication_error"), (GGFlowError, 400, "invalid_request_error"))
+
+
 def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(PromptTooLongError)
-    async def too_long(request: HTTPRequest, exc: PromptTooLongError):
-        return error_response(400, str(exc), "exceed_context_size_error", n_prompt_tokens=exc.n_prompt_tokens,
-                      n_ctx=exc.n_ctx)
+    async def handle(request: HTTPRequest, exc: Exception):
+        status, kind = next((s, k) for t, s, k in _ERRORS if isinstance(exc, t))
+        too_long = isinstance(exc, PromptTooLongError)
+        extra = {"n_prompt_tokens": exc.n_prompt_tokens, "n_ctx": exc.n_ctx} if too_long else {}
+        return error_response(status, str(exc), kind, **extra)
 
-    @app.exception_handler(QueueFullError)
-    @app.exception_handler(EngineStoppedError)
-    async def busy(request: HTTPRequest, exc: GGFlowError):
-        return error_response(503, str(exc), "unavailable_error")
-
-    @app.exception_handler(_Unauthorized)
-    async def unauthorized(request: HTTPRequest, exc: _Unauthorized):
-        return error_response(401, str(exc), "authentication_error")
-
-    @app.exception_handler(_Unavailable)
-    async def loading(request: HTTPRequest, exc: _Unavailable):
-        return error_response(503, str(exc), "unavailable_error")
-
-    @app.exception_handler(GGFlowError)
-    async def bad_request(request: HTTPRequest, exc: GGFlowError):
-        return error_response(400, str(exc), "invalid_request_error")
+    for exc_type, _, _ in _ERRORS:
+        app.add_exception_handler(exc_type, handle)
