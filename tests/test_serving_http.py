@@ -321,3 +321,24 @@ def test_serve_is_a_ggflow_command_with_llama_server_flags(capsys):
     for flag in ("--host", "--port", "-np", "-c", "--api-key", "--backend", "-t"):
         assert flag in out
     assert main(["serve", "-np", "0"]) == 2 and "-np must be at least 1" in capsys.readouterr().err
+
+
+def test_seeded_streams_sample_the_same_alone_and_concurrently(server, client):
+    """Each request has its own sampler chain and RNG: a seed gives the same text whatever runs beside it."""
+    def sample(prompt):
+        return client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=1.0,
+                                         seed=77).choices[0].text
+    erase_all(server)
+    alone = sample(PROMPTS[1])
+    erase_all(server)
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(sample, [PROMPTS[0], PROMPTS[1], PROMPTS[2]]))
+    assert together[1] == alone
+
+
+def test_stop_string_ends_the_completion_before_it(client):
+    free = complete(client, PROMPTS[2], 24)
+    stop = free[free.index("\n", 1):][:3]
+    r = client.completions.create(model="smollm2", prompt=PROMPTS[2], max_tokens=24, temperature=0, stop=[stop])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == free[:free.index(stop)]
