@@ -199,3 +199,29 @@ def test_generate_many_on_an_llm_leaves_its_own_cache_alone():
     assert again.tokens == first.tokens
     assert [c.tokens for c in many] == [llm.generate(p, 6, temperature=0).tokens for p in PROMPTS[1:3]]
     assert llm.context.memory.n_used == llm.context.memory.seq_pos_max(0) + 1   # the batch's sequences are gone
+
+
+def test_decode_status_1_defers_the_prompt_chunks_and_spares_the_generating_slots(engine, monkeypatch):
+    """llama.cpp's "no KV slot" (cache unchanged): the step retries with the generating tokens alone."""
+    a, b = engine.vocab.tokenize(PROMPTS[0]), engine.vocab.tokenize(PROMPTS[1])
+    solo = [alone(engine, p, max_tokens=8) for p in (a, b)]
+    engine.clear_cache()
+    decode, refused = engine.ctx.decode, []
+
+    def full_once(batch):   # refuse the first batch that mixes a prompt chunk with a generating token
+        if not refused and len(batch.tokens) > 1 and len(set(batch.seq_id.tolist())) > 1:
+            refused.append(batch.n_tokens)
+            return 1
+        return decode(batch)
+
+    monkeypatch.setattr(engine.ctx, "decode", full_once)
+    done: list = [None, None]
+    engine.submit(Request(a, lambda ev: done.__setitem__(0, ev) if isinstance(ev, Done) else None,
+                          max_tokens=8, sampling=GREEDY))
+    engine.step()
+    engine.step()                   # `a` is generating now
+    engine.submit(Request(b, lambda ev: done.__setitem__(1, ev) if isinstance(ev, Done) else None,
+                          max_tokens=8, sampling=GREEDY))
+    engine.run_until_idle(TIMEOUT_S)
+    assert refused, "the refusal was never exercised"
+    assert [d.completion.tokens for d in done] == [c.tokens for c in solo]

@@ -18,6 +18,8 @@ import httpx
 import pytest
 
 openai = pytest.importorskip("openai", reason="the HTTP tests drive the server with the openai client")
+pytest.importorskip("fastapi", reason="ggflow serve's app is FastAPI (the server extra)")
+pytest.importorskip("prometheus_client", reason="/metrics renders through prometheus-client (the server extra)")
 uvicorn = pytest.importorskip("uvicorn", reason="ggflow serve runs on uvicorn (the server extra)")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
