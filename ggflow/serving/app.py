@@ -137,7 +137,7 @@ def create_app(state: ServerState) -> FastAPI:
             prompt = prompt[0]
         tokens = engine.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         return await generate(http, engine, body, tokens, ResponseIds(False, state.model_name),
-                               COMPLETION_DEFAULT_MAX_TOKENS)
+                              COMPLETION_DEFAULT_MAX_TOKENS)
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")

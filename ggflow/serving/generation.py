@@ -36,7 +36,8 @@ class _Events:
 
 
 async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, tokens: list[int],
-                    ids: ResponseIds, default_max_tokens: int):
+                   ids: ResponseIds, default_max_tokens: int) -> Any:
+    """Submit the request; answer with the whole completion, or stream it (body.stream)."""
     events = _Events()
     request = Request(tokens, events.on_event, max_tokens=body.token_limit(default_max_tokens),
                       sampling=body.sampling(engine.vocab.special.eog), stop=body.stops())

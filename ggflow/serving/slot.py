@@ -33,7 +33,6 @@ class Slot:
         self.cache_tokens: list[int] = []
         self.t_last_used = 0.0
         self.request: Request | None = None
-        self.n_decoded_total = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
     def assign(self, request: Request, reuse: int, vocab: Any) -> None:
@@ -41,7 +40,8 @@ class Slot:
         self.request, self.state = request, SlotState.PROMPT
         self.cache_tokens = self.cache_tokens[:reuse]
         self.n_reused = reuse
-        self.chain = request.chain or build_chain(request.sampling, vocab_size=vocab.n_vocab, vocab=vocab)
+        self.chain = (request.chain if request.chain is not None
+                      else build_chain(request.sampling, vocab_size=vocab.n_vocab, vocab=vocab))
         for tok in request.prompt:  # repetition penalties look at the prompt too
             self.chain.accept(tok)
         self.vocab = vocab
@@ -80,7 +80,6 @@ class Slot:
             self.timings.prompt_ms = 1e3 * (self.t_first - self.t_start)
         token = self.chain.sample(logits)
         self.out.append(token)
-        self.n_decoded_total += 1
         if self.vocab.is_eog(token):
             self.finish(FINISH_STOP)
             return True
