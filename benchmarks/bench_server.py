@@ -5,7 +5,8 @@
 
 Each client streams greedy /v1/completions of ``--tokens`` tokens (ignore_eos, so every request is as long)
 over distinct prompts. Every concurrency level is warmed up first (a new batch size builds new graphs).
-Both servers get the same model, -np, -c and -t; they run side by side and are measured in turn.
+Both servers get the same model, -np, -c and -t; they run side by side and are measured in turn, level by
+level, in ``--rounds`` passes; the table gives the medians over the passes.
 """
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def main() -> int:
     ap.add_argument("-np", "--parallel", type=int, default=8)
     ap.add_argument("-c", "--ctx-size", type=int, default=4096)
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=1, help="measurements per level and server (the best is kept)")
+    ap.add_argument("--rounds", type=int, default=3, help="passes over every level and server (medians reported)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     model = args.model or default_model_path()
@@ -111,21 +112,29 @@ def main() -> int:
                 [os.environ["LLAMA_SERVER"], "-m", model, "--host", "127.0.0.1", "--port", str(port),
                  "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads), "-tb", str(args.threads),
                  "--no-warmup"], port, "llama-server", log_dir))
-        rows = []
+        levels = [int(c) for c in args.clients.split(",")]
+        for clients in levels:                        # warm-up: graphs and kernels for each batch size
+            for base, _ in servers.values():
+                level(base, clients, 8)
+        runs: dict[tuple[str, int], list[dict[str, float]]] = {}
         load0 = os.getloadavg()[0]
-        for clients in [int(c) for c in args.clients.split(",")]:
-            for name, (base, _) in servers.items():   # interleaved: each level on each server in turn
-                level(base, clients, 8)               # warm-up: graphs and kernels for this batch size
-                best = max((level(base, clients, args.tokens) for _ in range(args.rounds)),
-                           key=lambda r: r["tokens_per_s"])
-                rows.append({"server": name, **best})
-                print(f"{name:13s} clients={clients}  {best['tokens_per_s']:7.1f} tok/s  "
-                      f"ttft median {best['ttft_median_s'] * 1e3:7.0f} ms  max {best['ttft_max_s'] * 1e3:7.0f} ms  "
-                      f"({best['tokens']} tokens in {best['seconds']:.1f} s)", file=sys.stderr, flush=True)
+        for round_ in range(args.rounds):             # rounds outermost, servers interleaved per level:
+            for clients in levels:                    # a change in the machine's load hits every row alike
+                for name, (base, _) in servers.items():
+                    r = level(base, clients, args.tokens)
+                    runs.setdefault((name, clients), []).append(r)
+                    print(f"round {round_ + 1} {name:13s} clients={clients}  {r['tokens_per_s']:7.1f} tok/s  "
+                          f"ttft median {r['ttft_median_s'] * 1e3:7.0f} ms  max {r['ttft_max_s'] * 1e3:7.0f} ms  "
+                          f"({r['tokens']} tokens in {r['seconds']:.1f} s)", file=sys.stderr, flush=True)
+        rows = [{"server": name, "clients": clients,
+                 **{k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "ttft_median_s", "ttft_max_s")}}
+                for (name, clients), rs in runs.items()]
+        rows.sort(key=lambda r: (r["server"] != "ggflow", r["clients"]))
         print(f"load average: {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end", file=sys.stderr)
         if args.json:
             print(json.dumps(rows, indent=1))
         else:
+            print(f"medians of {args.rounds} rounds\n")
             print("| server | clients | tokens/s | vs 1 client | TTFT median (ms) | TTFT max (ms) |")
             print("|---|---|---|---|---|---|")
             for r in rows:
