@@ -227,6 +227,15 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
         assert generation.result is not None
         return generation.result
 
+    def generate_many(self, prompts: "Sequence[str | Sequence[int]]", max_tokens: int = 128, **options: Any
+                      ) -> list[Completion]:
+        """Complete many prompts, decoded together (ggflow.serving.batch.generate_many); results in order.
+        The batch uses sequences 1.. of this LLM's cache and holds the turn while it runs."""
+        from ggflow.serving.batch import generate_many
+
+        with self._lock.turn():
+            return generate_many(self, prompts, max_tokens, **options)
+
     def _serialized(self, run: "_Run", generation: Generation) -> Iterator[str]:
         with self._lock.turn(generation):
             yield from self._generate(run, generation)

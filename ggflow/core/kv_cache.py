@@ -1,8 +1,12 @@
 """The unified KV cache: per layer, K and V rows for ``size`` cells shared by every sequence.
 
 Each cell records the position it holds (-1: free) and the set of sequences that see it. ``begin``
-places a batch's ubatches in the first free cells, in order; the graph attends over the first ``n_kv``
-cells (padded, so the graph's shape changes rarely) and the mask says which of them each token sees.
+places a batch's ubatches in free cells, in order: each sequence's tokens go after the last cell it
+already holds, so a sequence's cells stay in position order wherever other sequences sit between
+them. The attention sums over cells in cell order and a masked cell adds an exact zero, so that keeps
+a sequence's result the same bits whether it ran alone or among others (after prefix reuse too). The
+graph attends over the first ``n_kv`` cells (padded, so the graph's shape changes rarely) and the mask
+says which of them each token sees.
 """
 from __future__ import annotations
 
@@ -75,11 +79,20 @@ class KVCache(Memory):
         return MemoryBatch(steps, self._apply, restore)
 
     def _find_slot(self, ubatch: UBatch, pos: np.ndarray, seq: np.ndarray) -> Slot | None:
-        """The first free cells of (pos, seq) for the ubatch, with the state after it is written."""
-        free = np.flatnonzero(pos < 0)
-        if len(free) < ubatch.n_tokens:
+        """Free cells of (pos, seq) for the ubatch, with the state after it is written."""
+        free = pos < 0
+        if int(free.sum()) < ubatch.n_tokens:
             return None
-        cells = free[: ubatch.n_tokens].astype(np.int32)
+        cells = np.empty(ubatch.n_tokens, dtype=np.int32)
+        for s in np.unique(ubatch.seq_id):   # one pass per sequence in the ubatch, not per token
+            rows = np.flatnonzero(ubatch.seq_id == s)
+            held = np.flatnonzero(seq[:, s])
+            after = int(held[-1]) + 1 if len(held) else 0
+            room = np.flatnonzero(free[after:]) + after
+            if len(room) < len(rows):   # no room past its last cell: any free cells (order, not correctness, lost)
+                room = np.flatnonzero(free)
+            cells[rows] = room[: len(rows)]
+            free[cells[rows]] = False
         pos, seq = pos.copy(), seq.copy()
         pos[cells] = ubatch.pos
         seq[cells, ubatch.seq_id] = True
