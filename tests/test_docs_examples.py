@@ -1,8 +1,8 @@
 """Every ```python block of README.md and docs/*.md runs, so the examples cannot drift from the code.
 
 The blocks of one file run in order in one namespace (as a reader types them), which starts with what the
-prose assumes: ``llm`` (the default model), its ``vocab``, ``prompt_tokens``, their ``logits`` and some
-``generated`` tokens, in a working directory where "model.gguf" is the default model and "model-f32.gguf" a
+prose assumes: ``llm`` (the default model; ``path`` its file), its ``vocab``, ``prompt_tokens`` (also ``tokens``), their
+``logits`` and some ``generated`` tokens, in a working directory where "model.gguf" is the default model and "model-f32.gguf" a
 tiny F32 llama (tests/fixtures). A block whose first
 line is ``# not run: <reason>`` (a file of a hypothetical package, a model the tests do not have) is
 skipped with that reason.
@@ -46,8 +46,8 @@ def prelude(tmp_path_factory):
     prompt_tokens = llm.tokenize("The capital of France is")
     logits, _ = llm.eval_prompt(prompt_tokens)
     generated = llm.generate(prompt_tokens, max_tokens=4, temperature=0).tokens
-    return where, {"llm": llm, "vocab": llm.vocab, "prompt_tokens": prompt_tokens, "logits": logits,
-                   "generated": generated}
+    return where, {"llm": llm, "path": path, "vocab": llm.vocab, "prompt_tokens": prompt_tokens,
+                   "tokens": prompt_tokens, "logits": logits, "generated": generated}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
