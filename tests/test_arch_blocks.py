@@ -243,3 +243,27 @@ def test_attention_on_a_local_layer_sees_only_the_window(softcap):
     np.testing.assert_allclose(values(outs[0]), local, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(values(outs[1]), glob, rtol=1e-4, atol=1e-5)
     assert not np.allclose(local[window:], glob[window:])   # the window changed what late tokens see
+
+
+def test_the_k_shift_rerotates_each_layer_with_its_own_rope():
+    hp = _hparams(n_head_kv=1)
+    backend = CPUBackend(BackendOptions(n_threads=1))
+    cache = KVCache(hp, 8, backend, "F32", "F32", layer_rope=[(10000.0, 1.0), (1e6, 0.5)])
+    with cache.begin(Batch.from_tokens(list(range(5))).split(5)) as placed:
+        for _ in placed:
+            pass
+        placed.commit()
+    keys = [randn(8, 8) for _ in range(2)]                 # (cells, n_embd_k_gqa): one head of 8
+    for il in range(2):
+        backend.set_tensor(cache.k[il], keys[il])
+    cache.seq_add(0, 0, -1, 3)
+    assert cache.update(Scheduler([backend]))
+    shift = np.array([3] * 5 + [0] * 3, dtype=np.int32)
+    for il, (base, scale) in enumerate([(10000.0, 1.0), (1e6, 0.5)]):
+        expected = _rope64(keys[il].astype(np.float64)[:, None, :], shift, 8, True, base, scale)[:, 0]
+        np.testing.assert_allclose(values(cache.k[il]), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_layer_rope_needs_one_entry_per_layer():
+    with pytest.raises(GGFlowError, match="layer_rope"):
+        KVCache(_hparams(), 8, CPUBackend(BackendOptions(n_threads=1)), "F32", "F32", layer_rope=[(1e4, 1.0)])

@@ -10,7 +10,7 @@ not built yet).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
@@ -39,11 +39,18 @@ class Cells:
 
 class KVCache(Memory):
     def __init__(self, hp: HParams, size: int, backend: Backend, type_k: str = "F16", type_v: str = "F16",
-                 n_seq_max: int = MAX_SEQ, swa: SlidingWindow | None = None):
+                 n_seq_max: int = MAX_SEQ, swa: SlidingWindow | None = None,
+                 layer_rope: Sequence[tuple[float, float]] | None = None):
+        """swa: the sliding-window layers, which read a windowed mask. layer_rope: each layer's RoPE
+        (freq_base, freq_scale) where layers differ (the K-shift must re-rotate as the graph rotated)."""
         if size <= 0:
             raise GGFlowError(f"KV cache size must be positive, got {size}")
+        if layer_rope is not None and len(layer_rope) != hp.n_layer:
+            raise GGFlowError(f"layer_rope has {len(layer_rope)} entries for {hp.n_layer} layers")
         self.hp, self.size, self.backend, self.n_seq_max = hp, size, backend, n_seq_max
         self.swa = swa
+        self.layer_rope = tuple(layer_rope) if layer_rope is not None else \
+            ((hp.rope_freq_base, hp.rope_freq_scale),) * hp.n_layer
         self.k = [Tensor(type_k, (hp.n_embd_k_gqa, size), name=f"cache_k_l{il}", flags=TensorFlag.PARAM)
                   for il in range(hp.n_layer)]
         self.v = [Tensor(type_v, (hp.n_embd_v_gqa, size), name=f"cache_v_l{il}", flags=TensorFlag.PARAM)

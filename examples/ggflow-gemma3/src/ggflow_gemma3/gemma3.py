@@ -78,17 +78,26 @@ class Gemma3(Architecture):
             return SlidingWindow(n_swa, frozenset(il for il, f in enumerate(flags) if f))
         return SlidingWindow.every(n_swa, hp.n_layer, int(pattern))
 
+    @staticmethod
+    def layer_rope(hp: HParams, il: int) -> tuple[float, float]:
+        """(freq_base, freq_scale) of layer il's RoPE: local layers have their own, unscaled (llama.cpp's
+        rope_freq_base_train_swa, rope_freq_scale_train_swa)."""
+        swa = hp.extra["swa"]
+        if swa is not None and il in swa.layers:
+            return hp.extra["rope_freq_base_swa"], 1.0
+        return hp.rope_freq_base, hp.rope_freq_scale
+
     def create_memory(self, hp, n_ctx, backend, type_k, type_v):
         from ggflow.core.kv_cache import KVCache
-        return KVCache(hp, n_ctx, backend, type_k, type_v, swa=hp.extra["swa"])
+        return KVCache(hp, n_ctx, backend, type_k, type_v, swa=hp.extra["swa"],
+                       layer_rope=[self.layer_rope(hp, il) for il in range(hp.n_layer)])
 
     def build_graph(self, b: GraphBuilder):
         hp, w = b.hp, b.w
-        swa = hp.extra["swa"]
         x = b.token_embeddings(w.tok_embd, scale=math.sqrt(hp.n_embd))           # [n_embd, n_tokens]
         for il, layer in enumerate(w.layers):
-            local = swa is not None and il in swa.layers
-            rope = dict(freq_base=hp.extra["rope_freq_base_swa"], freq_scale=1.0) if local else {}
+            freq_base, freq_scale = self.layer_rope(hp, il)
+            rope = dict(freq_base=freq_base, freq_scale=freq_scale)
             q, k, v = b.qkv(b.norm(x, layer.attn_norm, None, Norm.RMS), layer)    # [hd, n_head(_kv), n_tokens]
             q = b.rope(b.norm(q, layer.attn_q_norm, None, Norm.RMS), **rope)      # per-head norm, then RoPE
             k = b.rope(b.norm(k, layer.attn_k_norm, None, Norm.RMS), **rope)
