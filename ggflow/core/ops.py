@@ -79,7 +79,7 @@ def register_op(name: str, shape: Callable, reference: Callable) -> PluginOp:
     """Add an op to the op set (an architecture calls this from its register_architectures hook).
 
     Registering the same functions again is a no-op; another op under a taken name is a PluginError."""
-    if name in Op._value2member_map_:
+    if any(name == op for op in Op):
         raise PluginError(f"op {name!r} is a built-in op; a plugin op needs a name of its own")
     spec = PluginOp(name, shape, reference)
     known = _plugin_ops.get(name)
