@@ -15,6 +15,8 @@ between evaluating a token alone and in a batch: the test's tolerance. Saved (fl
   step), alone [N_STEPS, TOP_K] and batch [N_STEPS, TOP_K] (both runs' logits at those ids), n_prompt.
 
 usage: python scripts/make_gemma3_reference.py MODEL.gguf OUT_DIR [TEXT_FILE]
+(TEXT_FILE defaults to docs/architecture.md; the published reference was made from its version at commit
+53a94e4. The token ids are saved, so the test does not need the text.)
 """
 from __future__ import annotations
 
