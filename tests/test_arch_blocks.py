@@ -1,6 +1,6 @@
 """The seams and blocks an architecture composes beyond llama's, each against a numpy expression of its math:
 plugin ops with a CPU reference, tanh and softcapping, GEGLU, the embedding scale, a per-layer RoPE base and
-attention factor, and sliding-window attention over the KV cache (per-layer masks).
+attention factor, sliding-window attention over the KV cache (per-layer masks), and a window through a Context.
 
 Tolerances as in test_cpu_ops: float32 results against float64 references at rtol ~1e-5; rope at atol 1e-4.
 """
@@ -24,6 +24,7 @@ from ggflow.core.model import HParams
 from ggflow.core.scheduler import Scheduler
 from ggflow.errors import GGFlowError, PluginError, ShapeError, UnknownNameError
 from tests.numpy_backend import NumpyTestBackend
+from tests.test_context import TOKENS, ctx_for, llama, logits_of  # noqa: F401  (llama: a module fixture)
 from tests.test_cpu_ops import _gelu64, _rope64, allocate, leaf, randn, run, values
 
 
@@ -267,3 +268,28 @@ def test_the_k_shift_rerotates_each_layer_with_its_own_rope():
 def test_layer_rope_needs_one_entry_per_layer():
     with pytest.raises(GGFlowError, match="layer_rope"):
         KVCache(_hparams(), 8, CPUBackend(BackendOptions(n_threads=1)), "F32", "F32", layer_rope=[(1e4, 1.0)])
+
+
+# -- a sliding window through a Context ----------------------------------------------------------
+def _windowed(model, monkeypatch, n_swa: int) -> None:
+    """Make every layer of the model's architecture a sliding-window layer of n_swa positions."""
+    window = SlidingWindow(n_swa, frozenset(range(model.hparams.n_layer)))
+    monkeypatch.setattr(model.arch, "create_memory", lambda hp, n_ctx, backend, type_k, type_v: KVCache(
+        hp, n_ctx, backend, type_k, type_v, swa=window))
+
+
+def test_a_window_of_one_makes_every_token_see_only_itself(llama, monkeypatch):
+    _windowed(llama, monkeypatch, 1)
+    together = logits_of(llama, TOKENS[:6])
+    for pos, tok in enumerate(TOKENS[:6]):
+        ctx = ctx_for(llama)
+        assert ctx.decode(Batch.from_tokens([tok], pos0=pos)) == 0
+        np.testing.assert_allclose(together[pos], ctx.get_logits()[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_window_as_long_as_the_context_changes_nothing(llama, monkeypatch):
+    plain = logits_of(llama, TOKENS)
+    _windowed(llama, monkeypatch, len(TOKENS))
+    np.testing.assert_array_equal(logits_of(llama, TOKENS), plain)
+    _windowed(llama, monkeypatch, 4)
+    assert not np.allclose(logits_of(llama, TOKENS)[4:], plain[4:], atol=1e-4)
