@@ -111,9 +111,13 @@ def reference():
 
 
 @pytest.fixture(scope="module")
-def teacher_forced(gemma3_arch, reference):
+def model(gemma3_arch):
+    return Model.load(fetch_gemma3_270m())
+
+
+@pytest.fixture(scope="module")
+def teacher_forced(model, reference):
     """ggflow's logits before each of the reference's steps: the prompt in one batch, then a token a decode."""
-    model = Model.load(fetch_gemma3_270m())
     tokens, n_prompt = reference["tokens"].tolist(), int(reference["n_prompt"])
     n_steps = len(tokens) - n_prompt
     ctx = Context(model, n_ctx=768, n_ubatch=1024, backends="cpu", n_threads=2)
@@ -122,7 +126,7 @@ def teacher_forced(gemma3_arch, reference):
     for pos in range(n_prompt, n_prompt + n_steps - 1):
         assert ctx.decode(Batch.from_tokens(tokens[pos: pos + 1], pos0=pos)) == 0
         logits.append(ctx.get_logits()[-1].copy())
-    return model, np.array(logits)
+    return np.array(logits)
 
 
 def test_the_example_package_registers_gemma3_through_its_entry_point():
@@ -134,8 +138,7 @@ def test_the_example_package_registers_gemma3_through_its_entry_point():
     assert get_plugin_manager().architectures.registration("gemma3").source.distribution == "ggflow-gemma3"
 
 
-def test_gemma3_hparams_follow_llama_cpp(teacher_forced):
-    model, _ = teacher_forced
+def test_gemma3_hparams_follow_llama_cpp(model):
     hp = model.hparams
     assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_embd_head_k) == (18, 640, 4, 1, 256)
     assert hp.extra["swa"].n_swa == 512
@@ -145,7 +148,7 @@ def test_gemma3_hparams_follow_llama_cpp(teacher_forced):
 
 
 def test_teacher_forced_logits_track_llama_cpp_within_its_own_batch_difference(teacher_forced, reference):
-    _, ours = teacher_forced
+    ours = teacher_forced
     ids, alone = reference["top_ids"], reference["alone"]
     tolerance = np.abs(reference["batch"] - alone).max()
     assert ours.shape[0] == ids.shape[0]
