@@ -159,3 +159,18 @@ def test_teacher_forced_logits_track_llama_cpp_within_its_own_batch_difference(t
         rank = np.flatnonzero(ids[step] == top)
         assert rank.size, f"step {step}: our top token {top} is not in llama.cpp's top {ids.shape[1]}"
         assert alone[step, rank[0]] >= alone[step, 0] - tolerance, f"step {step}: token {top} is not near-top"
+
+
+def test_final_logit_softcapping_applies_when_the_file_sets_it(model, monkeypatch):
+    tokens = [2, 818, 5279, 529]   # BOS "The capital of"
+
+    def logits() -> np.ndarray:
+        ctx = Context(model, n_ctx=64, backends="cpu", n_threads=2)
+        assert ctx.decode(Batch.from_tokens(tokens)) == 0
+        return ctx.get_logits()[-1].astype(np.float64)
+
+    plain = logits()
+    monkeypatch.setitem(model.hparams.extra, "final_logit_softcapping", 5.0)
+    capped = logits()
+    assert np.abs(capped).max() < 5.0 < np.abs(plain).max()
+    np.testing.assert_allclose(capped, 5.0 * np.tanh(plain / 5.0), rtol=1e-5, atol=1e-5)
