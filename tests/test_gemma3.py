@@ -174,3 +174,24 @@ def test_final_logit_softcapping_applies_when_the_file_sets_it(model, monkeypatc
     capped = logits()
     assert np.abs(capped).max() < 5.0 < np.abs(plain).max()
     np.testing.assert_allclose(capped, 5.0 * np.tanh(plain / 5.0), rtol=1e-5, atol=1e-5)
+
+
+def _meta(**arch_keys):
+    from ggflow.core.model import Metadata
+    base = {"embedding_length": 64, "attention.head_count": 2, "attention.head_count_kv": 1, "block_count": 4,
+            "vocab_size": 100, "attention.key_length": 32, "attention.value_length": 32}
+    return Metadata({"general.architecture": "gemma3",
+                     **{f"gemma3.{k}": v for k, v in {**base, **arch_keys}.items()}}, "test.gguf")
+
+
+def test_gemma3_reads_a_per_layer_window_pattern_and_no_window(gemma3_arch):
+    from ggflow.errors import ModelLoadError
+    hp = gemma3_arch.load_hparams(_meta(**{"attention.sliding_window": 8,
+                                           "attention.sliding_window_pattern": [True, False, True, True]}))
+    assert hp.extra["swa"].layers == {0, 2, 3} and hp.extra["swa"].n_swa == 8
+    assert gemma3_arch.layer_rope(hp, 1) == (hp.rope_freq_base, hp.rope_freq_scale)
+    assert gemma3_arch.layer_rope(hp, 0) == (10000.0, 1.0)
+    assert gemma3_arch.load_hparams(_meta()).extra["swa"] is None   # no sliding_window: every layer global
+    with pytest.raises(ModelLoadError, match="3 flags for 4 layers"):
+        gemma3_arch.load_hparams(_meta(**{"attention.sliding_window": 8,
+                                          "attention.sliding_window_pattern": [True, False, True]}))

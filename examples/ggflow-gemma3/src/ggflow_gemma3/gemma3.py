@@ -70,7 +70,7 @@ class Gemma3(Architecture):
     @staticmethod
     def _sliding_window(meta: Metadata, hp: HParams, n_swa: int) -> SlidingWindow:
         pattern = meta.arch_get("attention.sliding_window_pattern", SWA_PATTERN)
-        if isinstance(pattern, (list, tuple)) or hasattr(pattern, "__len__"):   # one flag per layer
+        if hasattr(pattern, "__len__"):   # an array: one flag per layer (true: local)
             flags = [bool(f) for f in pattern]
             if len(flags) != hp.n_layer:
                 raise ModelLoadError(f"{meta.path}: sliding_window_pattern has {len(flags)} flags for "
