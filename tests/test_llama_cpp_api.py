@@ -342,3 +342,30 @@ def test_a_conversation_with_a_tool_call_and_its_result_renders(llm):
                 {"role": "tool", "content": "42"}]
     text = llm.detokenize(llm.chat_prompt_tokens(messages), special=True).text
     assert "What is 6 times 7?" in text and "42" in text
+
+
+def test_a_context_in_embeddings_mode_outputs_the_normed_hidden_state(tmp_path):
+    """On a tiny F32 llama: hidden states times the output matrix are the logits, exactly up to rounding."""
+    import numpy as np
+
+    from ggflow.core.batch import Batch
+    from ggflow.core.context import Context
+    from ggflow.core.model import Model
+    from tests.fixtures.tiny_models import write_tiny_model
+
+    model = Model.load(write_tiny_model(tmp_path / "tiny.gguf", "llama"))
+    ctx = Context(model, n_ctx=64, backends="cpu")
+    tokens = [1, 5, 9, 14, 3]
+    assert ctx.decode(Batch.from_tokens(tokens, all_logits=True)) == 0
+    logits = ctx.get_logits().copy()
+    ctx.memory.seq_rm(0, 0, -1)
+    ctx.set_embeddings(True)
+    assert ctx.decode(Batch.from_tokens(tokens, all_logits=True)) == 0
+    hidden = ctx.get_embeddings()
+    assert hidden.shape == (len(tokens), model.hparams.n_embd)
+    w = model.weights.get("output.weight", model.weights["token_embd.weight"])
+    np.testing.assert_allclose(hidden @ w.numpy().reshape(model.hparams.n_vocab, -1).T, logits, rtol=1e-4, atol=1e-4)
+    ctx.set_embeddings(False)
+    ctx.memory.seq_rm(0, 0, -1)
+    assert ctx.decode(Batch.from_tokens(tokens, all_logits=True)) == 0
+    np.testing.assert_array_equal(ctx.get_logits(), logits)   # logits again after switching back

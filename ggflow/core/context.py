@@ -111,7 +111,7 @@ class Context:
             return self._built
         builder = GraphBuilder(self.model, self.memory, ub.n_tokens, ub.n_outputs, n_kv,
                                embeddings=self.embeddings)
-        logits = self.model.arch.build_graph(builder)
+        logits = builder.output(self.model.arch.build_graph(builder))
         graph = builder.finish(logits)
         self.scheduler.alloc(graph)
         self.n_graph_builds += 1
