@@ -39,3 +39,7 @@ class ModelLoadError(GGFlowError):
 
 class ChatTemplateError(GGFlowError):
     """A chat template that does not parse, or that raised while rendering (its own message is kept)."""
+
+
+class GrammarError(GGFlowError, ValueError):
+    """A grammar, JSON schema or regex that does not compile, or output that cannot continue it."""
