@@ -180,3 +180,18 @@ def test_a_tensor_a_graph_writes_is_never_copied_as_a_weight():
     read, graph = reader()
     sched.alloc(graph)
     assert sched.stats.n_weight_copies == 0 and sched.home[read.id].name == "cpu"
+
+
+def test_ggflow_run_verbose_prints_the_backends_and_the_schedulers_stats(backends_registered, tiny_model_path,
+                                                                          capsys):
+    from ggflow.cli import main
+    path = str(tiny_model_path("llama"))
+    assert main(["run", "-m", path, "--prompt-ids", "5,17,42", "-n", "3", "--temp", "0", "-c", "64",
+                 "--backend", "example_numpy", "--verbose"]) == 0
+    err = capsys.readouterr().err
+    assert "backends:    example_numpy, cpu; KV cache on cpu" in err
+    [line] = [x for x in err.splitlines() if x.startswith("scheduler:")]
+    n_splits = int(line.split()[1])
+    assert n_splits > 2 and "example_numpy" in line and " 0 copies" not in line.split(";")[1]
+    assert main(["run", "-m", path, "--prompt-ids", "5,17,42", "-n", "3", "-c", "64", "--backend", "cpu"]) == 0
+    assert "scheduler:" not in capsys.readouterr().err   # only when asked

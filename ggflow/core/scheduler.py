@@ -71,11 +71,12 @@ class SchedulerStats:
         return asdict(self)
 
     def summary(self) -> str:
+        """One line for a log: ``ggflow run --verbose`` prints it."""
         nodes = ", ".join(f"{name} {n}" for name, n in self.nodes.items())
-        return (f"scheduler: {self.n_splits} splits ({nodes} nodes), {self.n_copies} copies of "
-                f"{self.bytes_copied} bytes per compute; {self.n_computes} computes copied "
-                f"{self.total_bytes_copied} bytes in {self.total_copies} copies; "
-                f"{self.n_weight_copies} weights copied once ({self.weight_bytes_copied} bytes)")
+        return (f"scheduler:   {self.n_splits} split(s) ({nodes} nodes); per compute {self.n_copies} copies, "
+                f"{self.bytes_copied} bytes; over {self.n_computes} computes {self.total_copies} copies, "
+                f"{self.total_bytes_copied} bytes; weights copied once: {self.n_weight_copies}, "
+                f"{self.weight_bytes_copied} bytes")
 
 
 class Scheduler:
