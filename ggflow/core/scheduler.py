@@ -27,7 +27,7 @@ import numpy as np
 from ggflow.core.alloc import NEVER, Lifetime, plan_offsets
 from ggflow.core.backend import Backend, Buffer
 from ggflow.core.graph import Graph
-from ggflow.core.ops import IN_PLACE, PURE_VIEWS, Op
+from ggflow.core.ops import IN_PLACE, Op
 from ggflow.core.tensor import MAX_DIMS, Tensor, TensorFlag
 from ggflow.errors import BackendError
 
@@ -130,14 +130,17 @@ class Scheduler:
         def supported(b: Backend, node: Tensor) -> bool:
             return b.supports_op(node)
 
+        def with_its_memory(node: Tensor) -> None:
+            owner = home[node.view_src.id]  # type: ignore[union-attr]
+            if node.op in IN_PLACE and not supported(owner, node):
+                raise BackendError(f"{node.op} writes into {node.view_src!r} on {owner.name}, "
+                                   f"which does not support it")
+            home[node.id] = owner
+
         for node in graph.nodes:  # pass 1: memory owners and weights
             if node.view_src is not None:
-                owner = home.get(node.view_src.id)
-                if owner is not None:
-                    if node.op in IN_PLACE and not supported(owner, node):
-                        raise BackendError(f"{node.op} writes into {node.view_src!r} on {owner.name}, "
-                                           f"which does not support it")
-                    home[node.id] = owner
+                if node.view_src.id in home:
+                    with_its_memory(node)
                 continue
             if node.op in NOT_PLACED_BY_WEIGHTS:
                 continue
@@ -148,7 +151,7 @@ class Scheduler:
                     if reader is not None:
                         home[node.id] = reader
                         break
-        computing = [n for n in graph.nodes if n.op not in PURE_VIEWS]
+        computing = [n for n in graph.nodes if n.view_src is None]   # views and writes follow their memory
         # pass 2: expand to neighbours, as ggml does: first each backend but the fallback, down then up
         # the graph (so the CPU runs only what reads its weights, or what nothing before it supports),
         # then every backend; a node the neighbour's backend doesn't support waits for pass 3
@@ -166,13 +169,12 @@ class Scheduler:
                 able = [b for b in self.backends if supported(b, node)] or [fallback]
                 home[node.id] = max(able, key=lambda b: sum(home.get(s.id) is b for s in node.src))
 
-        for node in graph.nodes:  # pass 4: a view lives with what it views
+        for leaf in graph.leafs:  # pass 4: graph inputs live with their first placed consumer,
+            if leaf.id not in home:  # views and in-place writes with the memory they view
+                home[leaf.id] = next((home[n.id] for n in graph.nodes if leaf in n.src and n.id in home), fallback)
+        for node in graph.nodes:
             if node.id not in home:
-                home[node.id] = home[node.view_src.id] if node.view_src is not None else fallback
-        for leaf in graph.leafs:  # graph inputs live with their first consumer
-            if leaf.id not in home:
-                first = next((n for n in graph.nodes if leaf in n.src), None)
-                home[leaf.id] = home[first.id] if first is not None else fallback
+                with_its_memory(node)
         return home
 
     def split(self, graph: Graph, home: dict[int, Backend], weights: set[int] = frozenset()) -> list[Split]:
