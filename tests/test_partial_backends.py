@@ -15,11 +15,13 @@ from ggflow.core.graph import Graph
 from ggflow.core.model import Model
 from ggflow.core.ops import Op
 from ggflow.core.placement import kv_writes, memory_backend
+from ggflow.core import scheduler as scheduler_module
 from ggflow.core.scheduler import Scheduler
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.plugins import hookimpl
 from ggflow.plugins.manager import get_plugin_manager
 from tests.numpy_backend import NumpyTestBackend
+from tests.vulkan_harness import requires_vulkan
 
 EXAMPLE_SRC = Path(__file__).resolve().parents[1] / "examples" / "ggflow-example-plugin" / "src"
 PROMPT = [5, 17, 42, 100, 7, 3, 250, 12]
@@ -110,10 +112,14 @@ def test_an_f32_matmul_only_backend_gets_the_weight_matmuls_with_the_copies_coun
     assert stats.weight_bytes_copied == sum(model.weights[name].nbytes for name in matrices)
 
 
-def test_weights_are_copied_once_across_graphs_and_reuses(backends_registered, tiny_model_path):
+def test_weights_are_copied_once_across_graphs_and_reuses(backends_registered, tiny_model_path, monkeypatch):
+    monkeypatch.setattr(scheduler_module, "WEIGHT_BUFFER_BYTES", 1 << 16)   # several weights per buffer
     model = Model.load(tiny_model_path("llama"))
     _, ctx = greedy(model, ["f32_matmul"], n=4)
     after_first = ctx.scheduler.stats.n_weight_copies
+    copies = {id(c.dst): c.dst for s in ctx.scheduler.splits for c in s.weight_copies}.values()
+    buffers = {id(t.buffer) for t in copies}
+    assert 1 < len(buffers) < len(copies) and all(t.buffer.size <= 1 << 16 or t.nbytes > 1 << 16 for t in copies)
     assert ctx.n_graph_builds >= 2   # the prompt's graph and the one-token graph
     assert ctx.decode(Batch.from_tokens([1, 2, 3], pos0=len(PROMPT) + 4)) == DECODE_OK  # a new shape
     assert ctx.scheduler.stats.n_weight_copies == after_first > 0
@@ -195,3 +201,21 @@ def test_ggflow_run_verbose_prints_the_backends_and_the_schedulers_stats(backend
     assert n_splits > 2 and "example_numpy" in line and " 0 copies" not in line.split(";")[1]
     assert main(["run", "-m", path, "--prompt-ids", "5,17,42", "-n", "3", "-c", "64", "--backend", "cpu"]) == 0
     assert "scheduler:" not in capsys.readouterr().err   # only when asked
+
+
+@requires_vulkan
+def test_a_device_backend_after_a_partial_one_gets_its_weights_from_the_scheduler(backends_registered,
+                                                                                  tiny_model_path, monkeypatch):
+    """Vulkan second: nothing offers it the weights (adopt_weights goes to the first backend), so the
+    scheduler copies those its nodes read into device buffers, a few weights per buffer here."""
+    monkeypatch.setattr(scheduler_module, "WEIGHT_BUFFER_BYTES", 1 << 16)
+    model = Model.load(tiny_model_path("llama", "Q8_0"))
+    expected, _ = greedy(model, "cpu")
+    tokens, ctx = greedy(model, ["example_numpy", "vulkan"])
+    assert tokens == expected
+    stats = ctx.scheduler.stats
+    assert ctx.memory_backend.name == "vulkan"
+    assert stats.nodes["vulkan"] > stats.nodes["example_numpy"] > 0
+    copied = [c for s in ctx.scheduler.splits for c in s.weight_copies if s.backend.name == "vulkan"]
+    assert {c.src.type.name for c in copied} >= {"Q8_0"} and len({id(c.dst.buffer) for c in copied}) > 1
+    assert all(c.src.buffer.backend_name == "cpu" for c in copied)   # the model's weights stay where they were

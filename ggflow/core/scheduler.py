@@ -33,6 +33,7 @@ from ggflow.errors import BackendError
 
 # ggml skips these when it places by weights: rope's frequency table is too small to choose by
 NOT_PLACED_BY_WEIGHTS = frozenset({Op.ROPE})
+WEIGHT_BUFFER_BYTES = 256 << 20   # weights copied to a backend share buffers of about this size
 
 
 @dataclass
@@ -210,16 +211,15 @@ class Scheduler:
                     new[split.backend.name].append(c)
         for name, copies in new.items():
             backend = self._by_buffer_name[name]
-            offsets, total = [], 0
-            for c in copies:
-                offsets.append(total)
-                total += -(-c.dst.nbytes // backend.alignment) * backend.alignment
-            buffer = backend.alloc_buffer(total)
-            for c, offset in zip(copies, offsets):
-                c.dst.buffer, c.dst.offset = buffer, offset
-                backend.set_tensor(c.dst, home[c.src.id].get_tensor(c.src))
-                self.stats.n_weight_copies += 1
-                self.stats.weight_bytes_copied += c.dst.nbytes
+            for chunk in _chunks(copies, backend.alignment):
+                buffer = backend.alloc_buffer(sum(size for _, size in chunk))
+                offset = 0
+                for c, size in chunk:
+                    c.dst.buffer, c.dst.offset = buffer, offset
+                    backend.set_tensor(c.dst, home[c.src.id].get_tensor(c.src))
+                    offset += size
+                    self.stats.n_weight_copies += 1
+                    self.stats.weight_bytes_copied += c.dst.nbytes
 
     # -- memory ----------------------------------------------------------------------------------
     def alloc(self, graph: Graph) -> None:
@@ -280,6 +280,21 @@ class Scheduler:
         """A host copy of a computed tensor, shaped like numpy (ne reversed, trailing 1-dims dropped)."""
         data = self.home[tensor.id].get_tensor(tensor)
         return data.reshape(data.shape[MAX_DIMS - tensor.n_dims:])
+
+
+def _chunks(copies: list[Copy], alignment: int) -> list[list[tuple[Copy, int]]]:
+    """Copies grouped into buffers of at most WEIGHT_BUFFER_BYTES (a larger weight gets its own), each
+    with its aligned size: few allocations, none larger than a device is likely to allow."""
+    chunks: list[list[tuple[Copy, int]]] = [[]]
+    total = 0
+    for c in copies:
+        size = -(-c.dst.nbytes // alignment) * alignment
+        if chunks[-1] and total + size > WEIGHT_BUFFER_BYTES:
+            chunks.append([])
+            total = 0
+        chunks[-1].append((c, size))
+        total += size
+    return chunks
 
 
 def _reads(node: Tensor) -> tuple[Tensor, ...]:
