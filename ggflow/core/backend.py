@@ -136,7 +136,7 @@ class Backend(ABC):
         that read them are placed on it; the weights then stay there, and a Context that doesn't
         schedule this backend needs its own ``Model.load``. A backend that doesn't adopt loses nothing:
         the scheduler places the nodes it supports on it anyway and copies the weights those nodes read
-        to it once, per graph as it sees them (``offload_op``). Host backends keep the weights where
+        to it once, when it first allocates a graph that reads them (``offload_op``). Host backends keep the weights where
         they are; the default prepares each one (``prepare_weight``).
         """
         for tensor in weights.values():
