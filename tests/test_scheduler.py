@@ -199,3 +199,18 @@ def test_a_backend_with_only_f32_mul_mat_gets_every_matmul_and_each_weight_once(
     assert sched.stats.bytes_copied == sum(c.dst.nbytes for c in copies)
     sched.compute(graph)
     assert sched.stats.n_weight_copies == 4 * n_layers   # not again
+
+
+def test_a_strided_view_crosses_with_its_layout():
+    a_np, b_np = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal((6, 4)).astype(np.float32)
+    a = ops.new_input("F32", (4, 6), "a")
+    act = ops.silu(a); act.name = "silu"
+    seen = ops.transpose(act)                      # [6, 4] with strides of a [4, 6] tensor
+    out = ops.add(seen, weight("partial", b_np.T.copy(), "b")); out.name = "add"
+    partial = NumpyTestBackend(ops=(Op.ADD,), name="partial")
+    sched = Scheduler([partial, NumpyTestBackend(name="full")])
+    result = run(sched, Graph([out]), a, a_np, out)
+    [copy] = [c for s in sched.splits for c in s.copies]
+    assert copy.src is seen and copy.dst.nb == seen.nb and not seen.is_contiguous()
+    assert sched.home[out.id] is partial and sched.stats.bytes_copied == seen.nbytes
+    np.testing.assert_allclose(result, (a_np / (1 + np.exp(-a_np))).T + b_np.T, rtol=1e-6)

@@ -185,8 +185,8 @@ def substituted_memory(t: Tensor, substitutes: Mapping[Tensor, Tensor], backend_
     """Where a node's source is for a backend that was given copies (``substitutes``) of some tensors:
     the tensor whose memory holds it and the extra byte offset into that memory.
 
-    A view of a copied tensor reads the copy at the same relative offset, which is only the same layout
-    when the copied tensor was contiguous (the scheduler's copies are contiguous)."""
+    A view of a copied tensor reads the copy at the same relative offset, which is only right when the
+    copy has the copied tensor's layout (the scheduler's copies keep it: same strides, same bytes)."""
     direct = substitutes.get(t)
     if direct is not None:
         return direct, 0
@@ -196,9 +196,9 @@ def substituted_memory(t: Tensor, substitutes: Mapping[Tensor, Tensor], backend_
         cur = cur.view_src
         sub = substitutes.get(cur)
         if sub is not None:
-            if not cur.is_contiguous():
-                raise BackendError(f"{t!r} views {cur!r}, which is not contiguous and was copied from another "
-                                   f"backend: the {backend_name} backend cannot map the view onto the copy")
+            if sub.nb != cur.nb:
+                raise BackendError(f"{t!r} views {cur!r}, whose copy from another backend has other strides: "
+                                   f"the {backend_name} backend cannot map the view onto the copy")
             return sub, offset
     return t, 0
 

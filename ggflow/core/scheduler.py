@@ -140,8 +140,12 @@ class Scheduler:
 
         for node in graph.nodes:  # pass 1: memory owners and weights
             if node.view_src is not None:
+                root = node.base()
                 if node.view_src.id in home:
                     with_its_memory(node)
+                elif node.op in IN_PLACE and root.id not in home:
+                    # a write into a graph input: the input's memory goes where it can be written
+                    home[node.id] = home[root.id] = next((b for b in self.backends if supported(b, node)), fallback)
                 continue
             if node.op in NOT_PLACED_BY_WEIGHTS:
                 continue
@@ -172,7 +176,8 @@ class Scheduler:
 
         for leaf in graph.leafs:  # pass 4: graph inputs live with their first placed consumer,
             if leaf.id not in home:  # views and in-place writes with the memory they view
-                home[leaf.id] = next((home[n.id] for n in graph.nodes if leaf in n.src and n.id in home), fallback)
+                home[leaf.id] = next((home[n.id] for n in graph.nodes if n.id in home
+                                      and any(src.base() is leaf for src in n.src)), fallback)
         for node in graph.nodes:
             if node.id not in home:
                 with_its_memory(node)
@@ -192,7 +197,9 @@ class Scheduler:
                     if home[base.id] is not backend and all(c.src is not base for c in split.weight_copies):
                         split.weight_copies.append(self._weight_copy(base, backend))
                 elif home[src.id] is not backend and all(c.src is not src for c in split.copies):
-                    dst = Tensor(src.type, src.ne, name=f"{src.name or src.op}->{backend.name}")
+                    # the copy keeps the source's layout (ggml_dup_tensor_layout): a strided view is read
+                    # with its own strides, and views of it map onto the copy at the same offsets
+                    dst = Tensor(src.type, src.ne, src.nb, name=f"{src.name or src.op}->{backend.name}")
                     split.copies.append(Copy(src, dst))
         return splits
 
@@ -268,13 +275,22 @@ class Scheduler:
         self._check(graph)
         for split in self.splits:
             for c in split.copies:
-                split.backend.set_tensor(c.dst, self.home[c.src.id].get_tensor(c.src))
+                self._copy(c, split.backend)
             split.plan()  # type: ignore[misc]
         for backend in self.backends:
             backend.synchronize()
         self.stats.n_computes += 1
         self.stats.total_copies += self.stats.n_copies
         self.stats.total_bytes_copied += self.stats.bytes_copied
+
+    def _copy(self, c: Copy, to: Backend) -> None:
+        if c.src.is_contiguous():
+            to.set_tensor(c.dst, self.home[c.src.id].get_tensor(c.src))
+            return
+        self.home[c.src.id].synchronize()
+        base = c.src.base()   # a strided view: the bytes it spans, as they lie
+        raw = base.buffer.read(base.offset + c.src.base_offset(), c.src.nbytes)  # type: ignore[union-attr]
+        c.dst.buffer.write(c.dst.offset, raw)  # type: ignore[union-attr]
 
     def get_output(self, tensor: Tensor) -> np.ndarray:
         """A host copy of a computed tensor, shaped like numpy (ne reversed, trailing 1-dims dropped)."""
