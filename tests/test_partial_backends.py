@@ -2,6 +2,7 @@
 the backend that runs the nodes reading them, and the scheduler counts its splits and copies."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +202,10 @@ def test_ggflow_run_verbose_prints_the_backends_and_the_schedulers_stats(backend
     assert n_splits > 2 and "example_numpy" in line and " 0 copies" not in line.split(";")[1]
     assert main(["run", "-m", path, "--prompt-ids", "5,17,42", "-n", "3", "-c", "64", "--backend", "cpu"]) == 0
     assert "scheduler:" not in capsys.readouterr().err   # only when asked
+    assert main(["run", "-m", path, "--prompt-ids", "5,17,42", "-n", "3", "--temp", "0", "-c", "64",
+                 "--backend", "example_numpy", "--verbose", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out.splitlines()[-1])["scheduler"]
+    assert stats["n_splits"] == n_splits and stats["n_computes"] == 3 and stats["total_copies"] > 0
 
 
 @requires_vulkan

@@ -55,8 +55,11 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose:
         print_schedule(llm.context)
     if args.json:
-        print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": result.text,
-                          "finish_reason": result.finish_reason, "timings": t.as_dict()}))
+        report = {"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": result.text,
+                  "finish_reason": result.finish_reason, "timings": t.as_dict()}
+        if args.verbose:
+            report["scheduler"] = llm.context.scheduler.stats.as_dict()
+        print(json.dumps(report))
     return 0
 
 
