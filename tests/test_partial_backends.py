@@ -224,3 +224,16 @@ def test_a_device_backend_after_a_partial_one_gets_its_weights_from_the_schedule
     copied = [c for s in ctx.scheduler.splits for c in s.weight_copies if s.backend.name == "vulkan"]
     assert {c.src.type.name for c in copied} >= {"Q8_0"} and len({id(c.dst.buffer) for c in copied}) > 1
     assert all(c.src.buffer.backend_name == "cpu" for c in copied)   # the model's weights stay where they were
+
+
+def test_the_k_shift_runs_where_the_cache_is_with_a_partial_backend_first(backends_registered, tiny_model_path):
+    model = Model.load(tiny_model_path("llama"))
+    logits = []
+    for backends in ("cpu", ["example_numpy"]):
+        ctx = Context(model, n_ctx=64, backends=backends)
+        assert ctx.decode(Batch.from_tokens(PROMPT)) == DECODE_OK
+        ctx.memory.seq_rm(0, 0, 3)
+        ctx.memory.seq_add(0, 3, -1, -3)          # the K-shift graph re-rotates the cache on the CPU
+        assert ctx.decode(Batch.from_tokens([9], pos0=len(PROMPT) - 3)) == DECODE_OK
+        logits.append(ctx.get_logits_ith(-1).copy())
+    np.testing.assert_allclose(logits[1], logits[0], rtol=0, atol=1e-5 * np.abs(logits[0]).max())
