@@ -13,6 +13,7 @@ from typing import Callable, ClassVar, Mapping, Sequence
 import numpy as np
 
 from ggflow.core.tensor import Tensor, contiguous_strides, strided_view
+from ggflow.errors import BackendError
 
 
 class Buffer(ABC):
@@ -72,18 +73,36 @@ class HostBuffer(Buffer):
 class Availability:
     available: bool
     reason: str = ""
+    priority: int | None = None   # the rank an instance would have here, when the probe found it (else the class's)
 
     def __bool__(self) -> bool:
         return self.available
 
 
+@dataclass(frozen=True)
+class BackendOptions:
+    """What every backend factory is given (``factory(options)``); a backend uses what applies to it."""
+
+    n_threads: int | None = None   # host threads for parallel kernels; None: the runtime's default (all cores)
+
+    def __post_init__(self) -> None:
+        if self.n_threads is not None and self.n_threads < 1:
+            raise BackendError(f"n_threads must be at least 1, got {self.n_threads}")
+
+
 class Backend(ABC):
-    """A compute backend. The class is the factory registered through ``register_backends``."""
+    """A compute backend. The class is the factory registered through ``register_backends``: it is
+    called with a ``BackendOptions`` (``make_backends`` passes the Context's)."""
 
     name: ClassVar[str]
-    priority: ClassVar[int] = 0      # higher is preferred by backend="auto"
     alignment: ClassVar[int] = 64    # byte alignment of tensors in this backend's buffers
     description: ClassVar[str] = ""
+    # Higher is preferred by backend="auto", which leaves out backends below 0 (slower than the CPU).
+    # A backend whose rank depends on what it finds (a GPU or a CPU driver) sets it per instance.
+    priority: int = 0
+
+    def __init__(self, options: BackendOptions = BackendOptions()):
+        self.options = options
 
     @classmethod
     def is_available(cls) -> Availability:
@@ -152,6 +171,28 @@ class Backend(ABC):
         """Wait for queued work (asynchronous backends)."""
 
 
+def substituted_memory(t: Tensor, substitutes: Mapping[Tensor, Tensor], backend_name: str) -> tuple[Tensor, int]:
+    """Where a node's source is for a backend that was given copies (``substitutes``) of some tensors:
+    the tensor whose memory holds it and the extra byte offset into that memory.
+
+    A view of a copied tensor reads the copy at the same relative offset, which is only the same layout
+    when the copied tensor was contiguous (the scheduler's copies are contiguous)."""
+    direct = substitutes.get(t)
+    if direct is not None:
+        return direct, 0
+    offset, cur = 0, t
+    while cur.view_src is not None:
+        offset += cur.view_offs
+        cur = cur.view_src
+        sub = substitutes.get(cur)
+        if sub is not None:
+            if not cur.is_contiguous():
+                raise BackendError(f"{t!r} views {cur!r}, which is not contiguous and was copied from another "
+                                   f"backend: the {backend_name} backend cannot map the view onto the copy")
+            return sub, offset
+    return t, 0
+
+
 def _as_bytes(tensor: Tensor, data: np.ndarray) -> np.ndarray:
     traits = tensor.type
     if traits.numpy_dtype is not None and traits.block_size == 1:
@@ -165,4 +206,4 @@ def _as_bytes(tensor: Tensor, data: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
 
 
-__all__ = ["Availability", "Backend", "Buffer", "HostBuffer", "contiguous_strides"]
+__all__ = ["Availability", "Backend", "BackendOptions", "Buffer", "HostBuffer", "contiguous_strides"]
