@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request as HTTPRequest
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ggflow.errors import GGFlowError
 from ggflow.serving.ray_router import ROUTE_KWARG, prefix_keys
@@ -173,8 +173,16 @@ class Ingress:
             finally:
                 stream.cancel()
 
-        response = StreamingResponse(pieces(), status_code=start["status"])
-        response.raw_headers = [(bytes(k), bytes(v)) for k, v in start.get("headers", [])]
+        headers = [(bytes(k), bytes(v)) for k, v in start.get("headers", [])]
+        if not any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers):
+            # a whole answer: one Response (a StreamingResponse would also watch for a disconnect that
+            # Serve reports as an unretrieved TaskCancelledError once the request is over)
+            response = Response(b"".join([piece async for piece in pieces()]), status_code=start["status"])
+        else:
+            response = StreamingResponse(pieces(), status_code=start["status"])
+        response.raw_headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+        if not isinstance(response, StreamingResponse):
+            response.raw_headers.append((b"content-length", str(len(response.body)).encode()))
         return response
 
 
