@@ -240,8 +240,9 @@ def run_forever(config: RayServeConfig, *, host: str, port: int, address: str | 
     """``ggflow serve --ray``: serve until SIGTERM / Ctrl-C, then shut Serve (and a local Ray) down."""
     import signal
 
+    init_ray(address)
     done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT):   # after ray.init, which installs a SIGTERM handler of its own
         signal.signal(sig, lambda signum, frame: done.set())
     url = start(config, host=host, port=port, address=address)
     log.warning("serving %s on %s with %d replica(s) (%s router)", config.model_name, url, config.num_replicas,
