@@ -1,8 +1,9 @@
 """``ggflow serve --ray``: the prefix hashes and the router's choice (no cluster), then two local replicas
 driven through the ``openai`` client (a local Ray on 127.0.0.1, torn down at the end).
 
-The replica tests start Ray (about 20 s) and two model replicas, n_ctx 512 and 2 slots each, on one
-thread each; every request is short (max_tokens <= 8) and every wait is bounded.
+The replica tests start Ray and two model replicas, n_ctx 512 and 2 slots each, on one thread each (about
+25 s in all on 2 cores; GGFLOW_TEST_RAY=0 turns them off); every request is short (max_tokens <= 8) and
+every wait is bounded.
 """
 import json
 import os
@@ -95,8 +96,30 @@ def test_router_prefers_the_prefix_owner_until_it_is_busy():
     assert _choose(router, replicas[1:], ["k1"]) == [["b"]]           # a's replica is gone
 
 
+def test_check_health_raises_once_the_engine_thread_has_died():
+    pytest.importorskip("ray.serve", reason="the model replica is a Ray Serve deployment class")
+    from ggflow.serving.ray_serve import ModelServer, engine_thread_alive
+
+    thread = threading.Thread(target=lambda: None)
+    server = ModelServer.__new__(ModelServer)   # the health logic alone: no model, no replica context
+    server.replica, server.engine = "r1", SimpleNamespace(_thread=thread)
+    thread.start()
+    thread.join()
+    assert not engine_thread_alive(server.engine)
+    with pytest.raises(RuntimeError, match="engine thread has stopped"):
+        server.check_health()
+    stop = threading.Event()
+    server.engine._thread = threading.Thread(target=stop.wait)
+    server.engine._thread.start()
+    try:
+        server.check_health()   # a running engine is healthy
+    finally:
+        stop.set()
+    server.engine = None        # __del__ of a replica whose model never loaded must not raise
+
+
 # -- two local replicas ---------------------------------------------------------------------------------
-RUN_REPLICAS = os.environ.get("GGFLOW_TEST_RAY") == "1"
+RUN_REPLICAS = os.environ.get("GGFLOW_TEST_RAY", "1") != "0"   # about 25 s here: on by default
 REQUEST_TIMEOUT_S = 120
 RESTART_TIMEOUT_S = 180
 
@@ -104,8 +127,7 @@ RESTART_TIMEOUT_S = 180
 @pytest.fixture(scope="module")
 def cluster():
     if not RUN_REPLICAS:
-        pytest.skip("starts a local Ray cluster and two model replicas (about 1-2 minutes on 2 cores): "
-                    "set GGFLOW_TEST_RAY=1 to run")
+        pytest.skip("GGFLOW_TEST_RAY=0: the tests that start a local Ray and two model replicas are off")
     pytest.importorskip("ray.serve", reason="needs Ray Serve: pip install 'ggflow[ray]'")
     openai = pytest.importorskip("openai", reason="the replica tests drive the server with the openai client")
     from ggflow.api import default_model_path
