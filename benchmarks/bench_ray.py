@@ -1,10 +1,12 @@
 """Ray Serve replicas on one machine: throughput with 1 vs 2 replicas, and a follow-up turn's time to first
 token on the replica holding its prefix vs another one.
 
-    python benchmarks/bench_ray.py [--cores 2] [--sessions 6] [--requests 8] [--max-tokens 32]
+    python benchmarks/bench_ray.py [--cores 2] [--rounds 3] [--sessions 2] [--requests 8] [--max-tokens 32]
 
-Bounded: a few deployments of the default model (n_ctx 1024), every request short; a local Ray on
-127.0.0.1, shut down at the end. Prints one JSON object (the figures docs/scale-out.md quotes).
+Every configuration is deployed at once, as its own Serve application under its own route prefix, and the
+rounds interleave them, so each sees the same background load (this machine is shared). Bounded: short
+requests on the default model (n_ctx 1024), a local Ray on 127.0.0.1 shut down at the end. Prints one JSON
+object: the medians over the rounds, and every round's figure.
 """
 import argparse
 import json
@@ -23,15 +25,19 @@ TIMEOUT_S = 300
 OPENING = ("Session {i}. Here are my notes for today, read them and wait for my question. " +
            "The garden needs water on Monday and Thursday; the tomatoes are planted along the east fence, "
            "the beans near the shed, and the herbs in pots by the kitchen door. " * 6)
+# name: (replicas, threads per replica, slots per replica, router)
+SETUPS = {"two_replicas": (2, 1, 2, "prefix"), "two_replicas_pow2": (2, 1, 2, "pow2"),
+          "one_replica": (1, 1, 4, "prefix"), "one_replica_2_threads": (1, 2, 4, "prefix")}
 
 
-def deploy(replicas: int, threads: int, slots: int, router: str, cores: int) -> str:
-    config = ray_serve.RayServeConfig(model_path=default_model_path(), model_name="smollm2",
-                                      engine=dict(n_ctx=1024, n_slots=slots, n_threads=threads),
-                                      num_replicas=replicas, num_cpus=cores / replicas, router=router)
-    url = ray_serve.start(config, port=PORT, num_cpus=cores)
-    throughput(url, 2 * replicas * slots, 4)   # every replica compiles its batched kernels before we measure
-    return url
+def deploy_all(url: str, cores: int) -> None:
+    n_replicas = sum(r for r, *_ in SETUPS.values())
+    for name, (replicas, threads, slots, router) in SETUPS.items():
+        config = ray_serve.RayServeConfig(model_path=default_model_path(), model_name="smollm2",
+                                          engine=dict(n_ctx=1024, n_slots=slots, n_threads=threads),
+                                          num_replicas=replicas, num_cpus=cores / n_replicas, router=router)
+        ray_serve.deploy(config, name=name, route_prefix=f"/{name}")
+        throughput(f"{url}/{name}", 2 * replicas * slots, 4)   # compile the batched kernels before measuring
 
 
 def throughput(url: str, n_requests: int, max_tokens: int) -> dict:
@@ -46,9 +52,7 @@ def throughput(url: str, n_requests: int, max_tokens: int) -> dict:
     with ThreadPoolExecutor(n_requests) as pool:
         results = list(pool.map(one, range(n_requests)))
     wall = time.perf_counter() - t0
-    tokens = sum(n for n, _ in results)
-    return {"requests": n_requests, "tokens": tokens, "wall_s": round(wall, 2),
-            "tokens_per_s": round(tokens / wall, 1), "replicas_used": len({r for _, r in results})}
+    return {"tokens_per_s": round(sum(n for n, _ in results) / wall, 1), "replicas_used": len({r for _, r in results})}
 
 
 def ttft(http: httpx.Client, url: str, messages: list) -> tuple[float, str, int]:
@@ -69,6 +73,7 @@ def ttft(http: httpx.Client, url: str, messages: list) -> tuple[float, str, int]
 
 
 def follow_ups(url: str, sessions: int, tag: str) -> list[dict]:
+    """Per session: a long first turn, then the follow-up's time to first token and where it went."""
     rows = []
     with httpx.Client(timeout=TIMEOUT_S) as http:
         for i in range(sessions):
@@ -78,41 +83,44 @@ def follow_ups(url: str, sessions: int, tag: str) -> list[dict]:
             first = r.headers["x-ggflow-replica"]
             history += [r.json()["choices"][0]["message"], {"role": "user", "content": "What is planted by the shed?"}]
             seconds, second, cached = ttft(http, url, history)
-            rows.append({"ttft_s": seconds, "same_replica": second == first, "cached_n": cached})
+            rows.append({"ttft_s": round(seconds, 3), "same_replica": second == first, "cached_n": cached})
     return rows
 
 
-def summary(rows: list[dict]) -> dict:
+def by_replica(rows: list[dict]) -> dict:
     out = {}
     for same in (True, False):
-        sel = [r["ttft_s"] for r in rows if r["same_replica"] is same]
+        sel = [r for r in rows if r["same_replica"] is same]
         if sel:
             out["own_replica" if same else "other_replica"] = {
-                "n": len(sel), "ttft_median_s": round(statistics.median(sel), 3),
-                "cached_n_median": statistics.median(r["cached_n"] for r in rows if r["same_replica"] is same)}
+                "n": len(sel), "ttft_median_s": round(statistics.median(r["ttft_s"] for r in sel), 3),
+                "cached_n_median": statistics.median(r["cached_n"] for r in sel)}
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cores", type=int, default=2)
-    parser.add_argument("--sessions", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sessions", type=int, default=2, help="chat sessions per router per round")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
-    figures: dict = {"cores": args.cores}
+    tput: dict[str, list[float]] = {name: [] for name in SETUPS if name != "two_replicas_pow2"}
+    turns: dict[str, list[dict]] = {"two_replicas": [], "two_replicas_pow2": []}
     try:
-        url = deploy(2, 1, 2, "prefix", args.cores)
-        figures["follow_up_prefix_router"] = summary(follow_ups(url, args.sessions, "p"))
-        figures["throughput_2_replicas"] = throughput(url, args.requests, args.max_tokens)
-        url = deploy(2, 1, 2, "pow2", args.cores)
-        figures["follow_up_pow2_router"] = summary(follow_ups(url, args.sessions, "r"))
-        url = deploy(1, args.cores, 4, "prefix", args.cores)
-        figures[f"throughput_1_replica_{args.cores}_threads"] = throughput(url, args.requests, args.max_tokens)
-        url = deploy(1, 1, 4, "prefix", args.cores)
-        figures["throughput_1_replica_1_thread"] = throughput(url, args.requests, args.max_tokens)
+        url = ray_serve.start_serve(port=PORT, num_cpus=args.cores)
+        deploy_all(url, args.cores)
+        for rnd in range(args.rounds):
+            for name in tput:
+                tput[name].append(throughput(f"{url}/{name}", args.requests, args.max_tokens)["tokens_per_s"])
+            for name in turns:
+                turns[name] += follow_ups(f"{url}/{name}", args.sessions, f"{name}-{rnd}")
     finally:
         ray_serve.stop()
+    figures = {"cores": args.cores, "rounds": args.rounds,
+               "throughput_tokens_per_s": {n: {"median": statistics.median(v), "rounds": v} for n, v in tput.items()},
+               "follow_up_ttft": {n: by_replica(rows) for n, rows in turns.items()}}
     print(json.dumps(figures, indent=2))
 
 

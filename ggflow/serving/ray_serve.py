@@ -156,14 +156,10 @@ class Ingress:
     @ingress_app.api_route("/{path:path}", methods=HTTP_METHODS)
     async def proxy(self, path: str, http: HTTPRequest):
         body = await http.body()
-        keys = prefix_keys(http.url.path, body)
-        stream = self.model.forward.remote(http.method, http.url.path, http.url.query,
+        path = "/" + path   # below the application's route prefix: the path the model's app knows
+        keys = prefix_keys(path, body)
+        stream = self.model.forward.remote(http.method, path, http.url.query,
                                            list(http.headers.items()), body, **{ROUTE_KWARG: keys})
-        try:
-            start = await stream.__anext__()
-        except (ray.exceptions.RayActorError, StopAsyncIteration) as exc:
-            return JSONResponse(error_body(f"the replica failed before answering: {exc}", "unavailable_error", 503),
-                                status_code=503)
 
         async def pieces() -> AsyncIterator[bytes]:
             try:
@@ -173,16 +169,20 @@ class Ingress:
             finally:
                 stream.cancel()
 
-        headers = [(bytes(k), bytes(v)) for k, v in start.get("headers", [])]
-        if not any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers):
-            # a whole answer: one Response (a StreamingResponse would also watch for a disconnect that
-            # Serve reports as an unretrieved TaskCancelledError once the request is over)
-            response = Response(b"".join([piece async for piece in pieces()]), status_code=start["status"])
-        else:
-            response = StreamingResponse(pieces(), status_code=start["status"])
-        response.raw_headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-        if not isinstance(response, StreamingResponse):
-            response.raw_headers.append((b"content-length", str(len(response.body)).encode()))
+        try:
+            start = await stream.__anext__()
+            headers = [(bytes(k), bytes(v)) for k, v in start.get("headers", [])
+                       if bytes(k).lower() != b"content-length"]
+            if any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers):
+                response: Response = StreamingResponse(pieces(), status_code=start["status"])
+            else:
+                # a whole answer is one Response: a StreamingResponse would also watch for a disconnect,
+                # which Serve reports as an unretrieved TaskCancelledError once the request is over
+                response = Response(b"".join([piece async for piece in pieces()]), status_code=start["status"])
+        except (ray.exceptions.RayActorError, StopAsyncIteration) as exc:
+            return JSONResponse(error_body(f"the replica failed before answering: {exc}", "unavailable_error", 503),
+                                status_code=503)
+        response.raw_headers = headers + response.raw_headers   # the replica's, then our content-length
         return response
 
 
@@ -225,10 +225,22 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 def start(config: RayServeConfig, *, host: str = "127.0.0.1", port: int = 8000, address: str | None = None,
           num_cpus: int | None = None) -> str:
     """Start (or join) Ray, deploy the app, wait until every replica is up; the base URL."""
+    url = start_serve(host=host, port=port, address=address, num_cpus=num_cpus)
+    deploy(config)
+    return url
+
+
+def start_serve(*, host: str = "127.0.0.1", port: int = 8000, address: str | None = None,
+                num_cpus: int | None = None) -> str:
+    """Ray and Serve's HTTP proxy, no application yet; the base URL."""
     init_ray(address, num_cpus)
     serve.start(http_options={"host": host, "port": port})
-    serve.run(build_app(config), name=APP_NAME, route_prefix="/")
     return f"http://{host}:{port}"
+
+
+def deploy(config: RayServeConfig, name: str = APP_NAME, route_prefix: str = "/") -> None:
+    """Deploy (or redeploy) one model as the Serve application ``name`` at ``route_prefix``; wait until up."""
+    serve.run(build_app(config), name=name, route_prefix=route_prefix)
 
 
 def stop() -> None:
