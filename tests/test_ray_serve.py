@@ -118,6 +118,34 @@ def test_check_health_raises_once_the_engine_thread_has_died():
     server.engine = None        # __del__ of a replica whose model never loaded must not raise
 
 
+@pytest.mark.parametrize("fields, message", [({"num_replicas": 0}, "--replicas must be at least 1"),
+                                             ({"max_replicas": 1, "num_replicas": 2}, "--max-replicas"),
+                                             ({"router": "random"}, "unknown router")])
+def test_a_bad_deployment_config_is_refused_before_anything_starts(fields, message):
+    pytest.importorskip("ray.serve", reason="the deployment is built with Ray Serve")
+    from ggflow.errors import GGFlowError
+    from ggflow.serving.ray_serve import RayServeConfig, build_app
+
+    with pytest.raises(GGFlowError, match=message):
+        build_app(RayServeConfig(model_path="m.gguf", model_name="m", **fields))
+
+
+def test_the_model_deployment_has_fixed_replicas_or_autoscales_on_ongoing_requests():
+    pytest.importorskip("ray.serve", reason="the deployment is built with Ray Serve")
+    from ggflow.serving.ray_serve import RayServeConfig, build_app
+
+    def model_deployment(**fields):
+        app = build_app(RayServeConfig(model_path="m.gguf", model_name="m", engine={"n_slots": 3}, **fields))
+        return app._bound_deployment.init_args[0]._bound_deployment   # the ingress is bound to the model
+
+    fixed = model_deployment(num_replicas=2)
+    assert fixed.num_replicas == 2 and fixed.max_ongoing_requests == 6
+    assert fixed._deployment_config.request_router_config.request_router_kwargs == {"busy_threshold": 3}
+    scaled = model_deployment(num_replicas=1, max_replicas=4, router="pow2")._deployment_config
+    assert (scaled.autoscaling_config.min_replicas, scaled.autoscaling_config.max_replicas) == (1, 4)
+    assert scaled.autoscaling_config.target_ongoing_requests == 3
+
+
 # -- two local replicas ---------------------------------------------------------------------------------
 RUN_REPLICAS = os.environ.get("GGFLOW_TEST_RAY", "1") != "0"   # about 25 s here: on by default
 REQUEST_TIMEOUT_S = 120
