@@ -7,6 +7,9 @@ every wait is bounded.
 """
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -150,6 +153,40 @@ def test_the_model_deployment_has_fixed_replicas_or_autoscales_on_ongoing_reques
 RUN_REPLICAS = os.environ.get("GGFLOW_TEST_RAY", "1") != "0"   # about 25 s here: on by default
 REQUEST_TIMEOUT_S = 120
 RESTART_TIMEOUT_S = 180
+
+
+@pytest.mark.integration
+def test_ggflow_serve_ray_serves_and_exits_0_on_sigterm(tmp_path):
+    """The CLI end to end, before the module's cluster starts (one local Ray at a time)."""
+    if not RUN_REPLICAS:
+        pytest.skip("GGFLOW_TEST_RAY=0: the tests that start a local Ray are off")
+    pytest.importorskip("ray.serve", reason="needs Ray Serve: pip install 'ggflow[ray]'")
+    import httpx
+
+    port = _free_port()
+    log = open(tmp_path / "serve.log", "wb")   # a file, not a pipe: Ray's logging would fill a pipe nobody reads
+    proc = subprocess.Popen([sys.executable, "-m", "ggflow.cli", "serve", "--ray", "--replicas", "1", "-np", "1",
+                             "-c", "256", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + RESTART_TIMEOUT_S
+        answer = None
+        while answer is None:
+            assert time.monotonic() < deadline and proc.poll() is None, "ggflow serve --ray did not come up"
+            try:
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                               timeout=REQUEST_TIMEOUT_S)
+                answer = r if r.status_code == 200 else None
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5 if answer is None else 0)
+        assert answer.json()["usage"]["completion_tokens"] >= 1 and answer.headers["x-ggflow-replica"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=RESTART_TIMEOUT_S) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        log.close()
 
 
 @pytest.fixture(scope="module")
