@@ -1,9 +1,9 @@
 """``ggflow serve --ray``: the prefix hashes and the router's choice (no cluster), then two local replicas
 driven through the ``openai`` client (a local Ray on 127.0.0.1, torn down at the end).
 
-The replica tests start Ray and two model replicas, n_ctx 512 and 2 slots each, on one thread each (about
-25 s in all on 2 cores; GGFLOW_TEST_RAY=0 turns them off); every request is short (max_tokens <= 8) and
-every wait is bounded.
+The replica tests run ``ggflow serve --ray`` once, then start Ray and two model replicas, n_ctx 512 and 2
+slots each, on one thread each (about 40 s in all on 2 cores; GGFLOW_TEST_RAY=0 turns them off); every
+request is short (max_tokens <= 8) and every wait is bounded.
 """
 import json
 import os
@@ -150,7 +150,7 @@ def test_the_model_deployment_has_fixed_replicas_or_autoscales_on_ongoing_reques
 
 
 # -- two local replicas ---------------------------------------------------------------------------------
-RUN_REPLICAS = os.environ.get("GGFLOW_TEST_RAY", "1") != "0"   # about 25 s here: on by default
+RUN_REPLICAS = os.environ.get("GGFLOW_TEST_RAY", "1") != "0"   # about 40 s here: on by default
 REQUEST_TIMEOUT_S = 120
 RESTART_TIMEOUT_S = 180
 
