@@ -264,13 +264,25 @@ def _running_replica_ids(cluster) -> list[str]:
 
 
 @pytest.mark.integration
-def test_a_killed_replica_is_restarted_and_later_requests_succeed(cluster):
+def test_a_replica_killed_mid_stream_is_restarted_and_later_requests_succeed(cluster):
+    import httpx
     import ray
     from ray import serve
 
-    _, victim, _ = _chat(cluster.client, [{"role": "user", "content": "Hello there."}])
-    ray.kill(ray.get_actor(f"SERVE_REPLICA::{cluster.serve.APP_NAME}#{cluster.serve.MODEL_DEPLOYMENT}#{victim}",
-                           namespace="serve"), no_restart=True)
+    body = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "stream": True}
+    lines = []
+    with httpx.stream("POST", cluster.url + "/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S) as r:
+        victim = r.headers["x-ggflow-replica"]
+        stream = r.iter_lines()
+        lines.append(next(stream))   # generating: now kill the replica under it
+        ray.kill(ray.get_actor(f"SERVE_REPLICA::{cluster.serve.APP_NAME}#{cluster.serve.MODEL_DEPLOYMENT}#{victim}",
+                               namespace="serve"), no_restart=True)
+        killed = time.monotonic()
+        try:
+            lines.extend(stream)
+        except httpx.HTTPError:   # the connection is cut: what a client of a dead server sees
+            pass
+    assert "data: [DONE]" not in lines and time.monotonic() - killed < 30   # it ends, unfinished, soon
     deadline = time.monotonic() + RESTART_TIMEOUT_S
     while True:
         assert time.monotonic() < deadline, "Serve did not replace the killed replica in time"
