@@ -218,6 +218,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
     else:
+        # Ray swaps 127.0.0.1 for the machine's address, and its gRPC servers then listen on every
+        # interface, unless clusters are off (its setting for laptops): a local Ray is a one-node cluster
+        from ray._private import ray_constants
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"   # for the processes Ray starts
+        ray_constants.ENABLE_RAY_CLUSTER = False                # for this one, which imported ray already
         ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                  logging_level=logging.WARNING)
 
