@@ -13,6 +13,7 @@ from typing import Callable, ClassVar, Mapping, Sequence
 import numpy as np
 
 from ggflow.core.tensor import Tensor, contiguous_strides, strided_view
+from ggflow.errors import BackendError
 
 
 class Buffer(ABC):
@@ -72,18 +73,36 @@ class HostBuffer(Buffer):
 class Availability:
     available: bool
     reason: str = ""
+    priority: int | None = None   # the rank an instance would have here, when the probe found it (else the class's)
 
     def __bool__(self) -> bool:
         return self.available
 
 
+@dataclass(frozen=True)
+class BackendOptions:
+    """What every backend factory is given (``factory(options)``); a backend uses what applies to it."""
+
+    n_threads: int | None = None   # host threads for parallel kernels; None: the runtime's default (all cores)
+
+    def __post_init__(self) -> None:
+        if self.n_threads is not None and self.n_threads < 1:
+            raise BackendError(f"n_threads must be at least 1, got {self.n_threads}")
+
+
 class Backend(ABC):
-    """A compute backend. The class is the factory registered through ``register_backends``."""
+    """A compute backend. The class is the factory registered through ``register_backends``: it is
+    called with a ``BackendOptions`` (``make_backends`` passes the Context's)."""
 
     name: ClassVar[str]
-    priority: ClassVar[int] = 0      # higher is preferred by backend="auto"
     alignment: ClassVar[int] = 64    # byte alignment of tensors in this backend's buffers
     description: ClassVar[str] = ""
+    # Higher is preferred by backend="auto", which leaves out backends below 0 (slower than the CPU).
+    # A backend whose rank depends on what it finds (a GPU or a CPU driver) sets it per instance.
+    priority: int = 0
+
+    def __init__(self, options: BackendOptions = BackendOptions()):
+        self.options = options
 
     @classmethod
     def is_available(cls) -> Availability:
@@ -97,18 +116,28 @@ class Backend(ABC):
         """Whether compute() can run this node (its op, its types, its shapes)."""
         return True
 
+    def offload_op(self, node: Tensor) -> bool:
+        """Whether to take a node that reads a weight the fallback (CPU) backend holds, when this backend
+        supports it. The scheduler then copies the weight here once and keeps the copy for every later
+        graph. Say no to keep a weight's consumers (and its memory) on the CPU; ggml asks the same
+        question (``offload_op``) before it copies a weight to a GPU."""
+        return True
+
     def prepare_weight(self, tensor: Tensor) -> None:
         """Optional hook, called once per weight at load by the default ``adopt_weights`` (e.g. to repack
         its blocks into a layout the kernels read fast, instead of on the first compute)."""
 
     def adopt_weights(self, weights: Mapping[str, Tensor]) -> None:
-        """Optional hook: take over model weights (which load as views of the host memory map).
+        """Optional hook: take over model weights (which load as views of the host memory map), before
+        any graph exists.
 
-        Context offers a model's weights to its first backend once. A device backend uploads the ones
-        its kernels read and re-points them (``tensor.buffer``/``offset``) to its own memory, so nodes
-        that read them are placed on it and no copy crosses per step. The weights stay there: a Context
-        that doesn't schedule this backend needs its own ``Model.load``. Host backends keep the weights
-        where they are; the default prepares each one (``prepare_weight``).
+        Context offers a model's weights to its first backend once. A device backend may upload the ones
+        its kernels read and re-point them (``tensor.buffer``/``offset``) to its own memory, so nodes
+        that read them are placed on it; the weights then stay there, and a Context that doesn't
+        schedule this backend needs its own ``Model.load``. A backend that doesn't adopt loses nothing:
+        the scheduler places the nodes it supports on it anyway and copies the weights those nodes read
+        to it once, when it first allocates a graph that reads them (``offload_op``). Host backends keep the weights where
+        they are; the default prepares each one (``prepare_weight``).
         """
         for tensor in weights.values():
             self.prepare_weight(tensor)
@@ -152,6 +181,28 @@ class Backend(ABC):
         """Wait for queued work (asynchronous backends)."""
 
 
+def substituted_memory(t: Tensor, substitutes: Mapping[Tensor, Tensor], backend_name: str) -> tuple[Tensor, int]:
+    """Where a node's source is for a backend that was given copies (``substitutes``) of some tensors:
+    the tensor whose memory holds it and the extra byte offset into that memory.
+
+    A view of a copied tensor reads the copy at the same relative offset, which is only right when the
+    copy has the copied tensor's layout (the scheduler's copies keep it: same strides, same bytes)."""
+    direct = substitutes.get(t)
+    if direct is not None:
+        return direct, 0
+    offset, cur = 0, t
+    while cur.view_src is not None:
+        offset += cur.view_offs
+        cur = cur.view_src
+        sub = substitutes.get(cur)
+        if sub is not None:
+            if sub.nb != cur.nb:
+                raise BackendError(f"{t!r} views {cur!r}, whose copy from another backend has other strides: "
+                                   f"the {backend_name} backend cannot map the view onto the copy")
+            return sub, offset
+    return t, 0
+
+
 def _as_bytes(tensor: Tensor, data: np.ndarray) -> np.ndarray:
     traits = tensor.type
     if traits.numpy_dtype is not None and traits.block_size == 1:
@@ -165,4 +216,4 @@ def _as_bytes(tensor: Tensor, data: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
 
 
-__all__ = ["Availability", "Backend", "Buffer", "HostBuffer", "contiguous_strides"]
+__all__ = ["Availability", "Backend", "BackendOptions", "Buffer", "HostBuffer", "contiguous_strides"]

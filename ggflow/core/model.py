@@ -3,9 +3,9 @@
 Weights are views into the memory map (no copy, no dequantization at load): each is a Tensor whose
 buffer is one HostBuffer over the whole mapped file, at the tensor's data offset. The header is read
 by ggflow.core.gguf_file (milliseconds, where gguf.GGUFReader takes seconds on a large vocabulary). The architecture is
-looked up in the plugin registry by ``general.architecture``; it reads its hyperparameters and says
-which tensors it needs with which shapes, so a file that lacks one, or has it misshapen, fails at load
-with the tensor's name and both shapes.
+looked up in the plugin registry by ``general.architecture``; it reads its hyperparameters and declares
+its weights as a record (ggflow.core.weights), which the loader checks the file against and fills with
+those views: a file that lacks a tensor, or has it misshapen, fails at load with its name and both shapes.
 """
 from __future__ import annotations
 
@@ -18,38 +18,13 @@ import numpy as np
 
 from ggflow.core.backend import HostBuffer
 from ggflow.core.gguf_file import GGUFFile
+from ggflow.core.metadata import Metadata  # noqa: F401  (re-exported: architectures import it from here)
 from ggflow.core.tensor import Tensor, TensorFlag
+from ggflow.core.weights import load_weights
 from ggflow.errors import GGFlowError, ModelLoadError, UnknownNameError
 
 if TYPE_CHECKING:
     from ggflow.core.arch import Architecture
-
-
-class Metadata:
-    """Typed access to a GGUF file's key/value metadata, with errors that name the file and key."""
-
-    def __init__(self, fields: dict[str, Any], path: str):
-        self.fields, self.path = fields, path
-        self.arch = str(self.get("general.architecture", ""))
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.fields.get(key, default)
-
-    def require(self, key: str) -> Any:
-        value = self.get(key)
-        if value is None:
-            raise ModelLoadError(f"{self.path}: required metadata key {key!r} is missing")
-        return value
-
-    def arch_get(self, suffix: str, default: Any = None) -> Any:
-        """A key under the architecture's prefix, e.g. arch_get("block_count") -> llama.block_count."""
-        return self.get(f"{self.arch}.{suffix}", default)
-
-    def arch_require(self, suffix: str) -> Any:
-        return self.require(f"{self.arch}.{suffix}")
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.fields
 
 
 @dataclass
@@ -83,10 +58,12 @@ class HParams:
 
 class Model:
     def __init__(self, path: str, file: GGUFFile, arch: "Architecture", hparams: HParams,
-                 weights: dict[str, Tensor], buffer: HostBuffer | None):
+                 weights: dict[str, Tensor], w: Any, buffer: HostBuffer | None):
         self.path, self.file, self.arch, self.hparams = path, file, arch, hparams
-        self.weights, self.buffer = weights, buffer
-        self.metadata = Metadata(file.fields, path)
+        self.weights = weights    # every tensor in the file, by name
+        self.w = w                # the architecture's weight record: w.tok_embd, w.layers[il].wq, ...
+        self.buffer = buffer
+        self.metadata = Metadata(file.fields, path, file.types)
         self._vocab = None
 
     @classmethod
@@ -95,7 +72,7 @@ class Model:
 
         path = str(path)
         file = GGUFFile(path)
-        meta = Metadata(file.fields, path)
+        meta = Metadata(file.fields, path, file.types)
         if not meta.arch:
             raise ModelLoadError(f"{path}: general.architecture is missing")
         try:
@@ -105,24 +82,14 @@ class Model:
         hparams = arch.load_hparams(meta)
         buffer = HostBuffer(file.data(), "cpu")
         weights = _map_weights(file, buffer)
-        _check_tensors(path, arch.tensor_shapes(hparams), weights)
-        return cls(path, file, arch, hparams, weights, buffer)
-
-    def weight(self, name: str) -> Tensor:
-        try:
-            return self.weights[name]
-        except KeyError:
-            raise ModelLoadError(f"{self.path}: tensor {name!r} is missing") from None
-
-    def get(self, name: str) -> Tensor | None:
-        """An optional weight (a bias some files have and some don't)."""
-        return self.weights.get(name)
+        w = load_weights(arch.weights, hparams, weights, path)
+        return cls(path, file, arch, hparams, weights, w, buffer)
 
     @property
     def vocab(self):
         if self._vocab is None:
             from ggflow.core.vocab import Vocab
-            self._vocab = Vocab(self.file.fields, self.path)
+            self._vocab = Vocab(self.metadata, self.path)   # typed reads, errors naming the GGUF types
         return self._vocab
 
     @property
@@ -156,17 +123,3 @@ def _map_weights(file: GGUFFile, buffer: HostBuffer) -> dict[str, Tensor]:
         t.buffer, t.offset = buffer, info.offset
         weights[info.name] = t
     return weights
-
-
-def _check_tensors(path: str, expected: dict[str, tuple[tuple[int, ...], bool]],
-                   weights: dict[str, Tensor]) -> None:
-    """expected: name -> (ne, required). Names the first tensor that is missing or misshapen."""
-    for name, (ne, required) in expected.items():
-        t = weights.get(name)
-        if t is None:
-            if required:
-                raise ModelLoadError(f"{path}: tensor {name!r} is missing (expected shape {list(ne)})")
-            continue
-        if t.ne[: len(ne)] != tuple(ne) or any(n != 1 for n in t.ne[len(ne):]):
-            raise ModelLoadError(f"{path}: tensor {name!r} has shape {list(t.ne[:t.n_dims])}, "
-                                 f"expected {list(ne)}")

@@ -6,10 +6,15 @@ sort a few hundred of the best candidates first and look further only when those
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from ggflow.core.sampling import SamplerBase, TokenDataArray
 from ggflow.samplers_builtin.rng import MT19937
+
+if TYPE_CHECKING:
+    from ggflow.core.sampling_params import SamplingParams
 
 _FIRST_TRY = 256      # candidates sorted before looking further
 _LARGE = 1024         # below this many candidates, sort them all at once (as llama.cpp does)
@@ -44,6 +49,11 @@ class TopK(SamplerBase):
 
     name = "top_k"
 
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "TopK | None":
+        return cls(k=params.top_k) if params.top_k > 0 else None
+
     def __init__(self, k: int):
         self.k = int(k)
 
@@ -52,13 +62,31 @@ class TopK(SamplerBase):
             cur.sort_top(self.k)
 
 
-class TopP(SamplerBase):
-    """Nucleus: the most probable candidates whose probabilities add up to at least p (p >= 1: off)."""
+class _ProbabilityCut(SamplerBase):
+    """A cut set by one probability p (a SamplingParams field) that keeps at least min_keep candidates;
+    ``from_params`` leaves it out of the chain when p is at its "off" value."""
 
-    name = "top_p"
+    param: str          # the SamplingParams field holding p
+
+    @classmethod
+    def is_on(cls, p: float) -> bool:
+        return p < 1.0
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "_ProbabilityCut | None":
+        p = getattr(params, cls.param)
+        return cls(p=p, min_keep=params.min_keep) if cls.is_on(p) else None
 
     def __init__(self, p: float, min_keep: int = 1):
         self.p, self.min_keep = float(p), int(min_keep)
+
+
+class TopP(_ProbabilityCut):
+    """Nucleus: the most probable candidates whose probabilities add up to at least p (p >= 1: off)."""
+
+    name = "top_p"
+    param = "top_p"
 
     def apply(self, cur: TokenDataArray) -> None:
         if self.p >= 1.0 or len(cur) == 0:
@@ -68,13 +96,15 @@ class TopP(SamplerBase):
         cur.take(shortest_prefix(key, probs, self.p, self.min_keep, strict=False), sorted=True)
 
 
-class MinP(SamplerBase):
+class MinP(_ProbabilityCut):
     """Candidates whose probability is at least p times the top one's: logit >= max + log(p)."""
 
     name = "min_p"
+    param = "min_p"
 
-    def __init__(self, p: float, min_keep: int = 1):
-        self.p, self.min_keep = float(p), int(min_keep)
+    @classmethod
+    def is_on(cls, p: float) -> bool:
+        return p > 0.0
 
     def apply(self, cur: TokenDataArray) -> None:
         n = len(cur)
@@ -91,13 +121,11 @@ class MinP(SamplerBase):
         cur.sort_top(min(max(self.min_keep, 1), n))  # too few pass: the min_keep best
 
 
-class Typical(SamplerBase):
+class Typical(_ProbabilityCut):
     """Locally typical sampling: candidates whose surprise is closest to the entropy, up to mass p."""
 
     name = "typical"
-
-    def __init__(self, p: float, min_keep: int = 1):
-        self.p, self.min_keep = float(p), int(min_keep)
+    param = "typical_p"
 
     def apply(self, cur: TokenDataArray) -> None:
         if self.p >= 1.0 or len(cur) == 0:
@@ -114,6 +142,11 @@ class TopNSigma(SamplerBase):
     """Masks (logit -> -inf) candidates more than n standard deviations of the logits below the max."""
 
     name = "top_n_sigma"
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "TopNSigma | None":
+        return cls(n=params.top_n_sigma) if params.top_n_sigma > 0 else None
 
     def __init__(self, n: float):
         self.n = float(n)
@@ -140,6 +173,14 @@ class XTC(SamplerBase):
     probability except the least likely of them (nothing happens if fewer than two reach it)."""
 
     name = "xtc"
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "XTC | None":
+        if params.xtc_probability <= 0.0 or params.xtc_threshold > 0.5:
+            return None
+        return cls(probability=params.xtc_probability, threshold=params.xtc_threshold, min_keep=params.min_keep,
+                   seed=params.seed)
 
     def __init__(self, probability: float, threshold: float = 0.1, min_keep: int = 1, seed: int | None = None):
         self.probability, self.threshold = float(probability), float(threshold)
