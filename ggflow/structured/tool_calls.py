@@ -105,8 +105,9 @@ def _loads(text: str) -> Any:
 class ToolCallFormat:
     name = "base"
 
-    def prepare(self, messages: list[dict[str, Any]], spec: ToolSpec) -> list[dict[str, Any]]:
-        """The conversation as the template should see it (the tools themselves go in ``tools=``)."""
+    def prepare(self, messages: list[dict[str, Any]], spec: ToolSpec, active: bool = True) -> list[dict[str, Any]]:
+        """The conversation as the template should see it (the tools themselves go in ``tools=``);
+        ``active`` is False for tool_choice "none" (the reply will be text)."""
         return messages
 
     def grammar(self, spec: ToolSpec) -> Grammar | None:
@@ -179,7 +180,11 @@ class Llama3JsonFormat(ToolCallFormat):
 class GenericFormat(ToolCallFormat):
     name = "generic"
 
-    def prepare(self, messages: list[dict[str, Any]], spec: ToolSpec) -> list[dict[str, Any]]:
+    def prepare(self, messages: list[dict[str, Any]], spec: ToolSpec, active: bool = True) -> list[dict[str, Any]]:
+        # a template that knows nothing of tools sees earlier calls as the JSON the model wrote
+        messages = [_calls_as_content(m) for m in messages]
+        if not active:
+            return messages
         tools = [{"name": n, "parameters": p} for n, p in spec.callable().items()]
         note = ("You can call any of the following tools to satisfy the user's requests: "
                 + json.dumps(tools, ensure_ascii=False)
@@ -209,6 +214,21 @@ class GenericFormat(ToolCallFormat):
         if isinstance(obj, Mapping) and isinstance(obj.get("response"), str):
             return obj["response"], []
         return (text or None), []
+
+
+def _calls_as_content(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn's tool_calls written into its content, as the generic format's reply JSON."""
+    calls = message.get("tool_calls")
+    if message.get("role") != "assistant" or not calls:
+        return message
+    written = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        fn = fn if isinstance(fn, Mapping) else {}
+        args = fn.get("arguments", {})
+        written.append({"name": fn.get("name"), "arguments": _loads(args) if isinstance(args, str) else args})
+    rest = {k: v for k, v in message.items() if k != "tool_calls"}
+    return {**rest, "content": json.dumps({"tool_calls": written}, ensure_ascii=False)}
 
 
 def detect_format(template_source: str | None) -> ToolCallFormat:
