@@ -69,8 +69,8 @@ def context_size(path: str, requested: int, type_k: str, type_v: str) -> int:
     from ggflow.core.types import type_traits
     from ggflow.plugins.manager import get_plugin_manager
 
-    # The header alone (no tensor table, no vocabulary): cheap next to the load that follows.
-    fields = GGUFFile(path, keep=lambda key: not key.startswith("tokenizer."), tensors=False).fields
+    # The header alone (no tensor table, no merges): cheap next to the load that follows.
+    fields = GGUFFile(path, keep=lambda key: key != "tokenizer.ggml.merges", tensors=False).fields
     meta = Metadata(fields, path)
     hp = get_plugin_manager().architectures.get(meta.arch).load_hparams(meta)
     n_ctx = requested or hp.n_ctx_train
