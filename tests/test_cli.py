@@ -136,14 +136,18 @@ def test_chat_fit_keeps_the_system_prompt_and_the_newest_turn():
 
 
 # -- Ctrl-C: exit 130, one line, at any point --------------------------------------------------------------
-def interrupt(argv: list[str], when: str, env: dict | None = None, timeout: float = 240) -> tuple[int, str]:
-    """Run ggflow, send SIGINT once `when` ("stdout" or "stderr") has shown its first bytes, return (rc, stderr)."""
+def interrupt(argv: list[str], when: str, env: dict | None = None, timeout: float = 240, min_bytes: int = 1
+              ) -> tuple[int, str]:
+    """Run ggflow, send SIGINT once `when` ("stdout" or "stderr") has shown min_bytes, return (rc, stderr)."""
     proc = subprocess.Popen([sys.executable, "-m", "ggflow.cli", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=REPO, env={**os.environ, **(env or {})})
     watched = proc.stdout if when == "stdout" else proc.stderr
     deadline = time.monotonic() + timeout
-    first = watched.read(1)  # blocks until the process writes there (or exits)
-    assert first, "the process ended before writing anything"
+    first = b""
+    while len(first) < min_bytes:  # unbuffered reads, so communicate() below gets all that follows
+        chunk = os.read(watched.fileno(), 1 << 16)
+        assert chunk, f"the process ended before writing {min_bytes} bytes: {first!r}"
+        first += chunk
     assert time.monotonic() < deadline
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
@@ -152,7 +156,9 @@ def interrupt(argv: list[str], when: str, env: dict | None = None, timeout: floa
 
 @needs_model
 def test_ctrl_c_during_generation_exits_130_with_one_line():
-    rc, err = interrupt(["run", "-n", "-1", "-c", "2048", "--temp", "1", "-p", "Tell me a long story."], "stdout")
+    prompt = "Once upon a time, in a land far away, there lived"  # greedy: a long story, no early end
+    rc, err = interrupt(["run", "-n", "-1", "-c", "2048", "--temp", "0", "-p", prompt], "stdout",
+                        min_bytes=len(prompt) + 20)
     assert rc == 130 and "Traceback" not in err
     assert err.strip().splitlines() == ["interrupted"]
 
@@ -166,12 +172,23 @@ def test_ctrl_c_while_kernels_compile_exits_130_with_one_line_after_the_notice(t
     assert lines[-1] == "interrupted" and len(lines) == 2 and lines[0].startswith("ggflow: compiling")
 
 
+LOAD_THEN_SAY_READY = """
+import sys
+from ggflow.cli import main, run_cmd
+load = run_cmd.load_llm
+def announcing_load(args):
+    print("loading", flush=True)
+    return load(args)
+run_cmd.load_llm = announcing_load
+sys.exit(main(["run", "-n", "8"]))
+"""
+
+
 @needs_model
 def test_ctrl_c_while_loading_exits_130_with_one_line():
-    proc = subprocess.Popen([sys.executable, "-c", "import time, sys; from ggflow.cli import main; "
-                             "print('ready', flush=True); sys.exit(main(['run', '-n', '8']))"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
-    assert proc.stdout.readline().strip() == b"ready"  # ggflow.cli imported: main is about to load the model
+    proc = subprocess.Popen([sys.executable, "-c", LOAD_THEN_SAY_READY], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=REPO)
+    assert proc.stdout.readline().strip() == b"loading"  # the model load has begun
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and err.decode().strip().splitlines() == ["interrupted"]

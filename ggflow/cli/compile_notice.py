@@ -112,4 +112,5 @@ class CompileNotice:
             self._bar = tqdm(desc="compiling kernels (first run only)", unit=" kernels", file=self.stream,
                              leave=False, dynamic_ncols=True)
         else:
-            print(line, file=self.stream, flush=True)
+            self.stream.write(line + "\n")  # one write: a Ctrl-C cannot land between the line and its end
+            self.stream.flush()
