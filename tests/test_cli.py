@@ -220,6 +220,32 @@ def test_a_compile_is_announced_once_on_stderr_and_timed():
     assert compile_seconds() == 0.0  # the notice listens only while a command runs
 
 
+def test_on_a_terminal_compiles_show_as_a_bar_naming_the_kernel_that_is_cleared_before_output(monkeypatch):
+    import numba
+
+    from ggflow.cli.compile_notice import CompileNotice, end_progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setenv("COLUMNS", "160")  # tqdm sizes the bar to the terminal
+
+    @numba.njit(cache=False)
+    def minus_one(x):
+        return x - 1
+
+    screen = Terminal()
+    with CompileNotice(screen):
+        minus_one(3)
+        end_progress()
+        shown = screen.getvalue()
+        assert "compiling kernels (first run only)" in shown and "minus_one" in shown
+        assert shown.endswith("\r")  # the bar's line is blanked, the cursor back at its start
+        minus_one(2.5)  # compiles after the output began add nothing to the screen
+    assert screen.getvalue() == shown
+
+
 def test_compile_time_is_reported_inside_the_timing_it_belongs_to():
     from ggflow.cli.run_cmd import _compiling
 
