@@ -6,6 +6,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ggflow.core.backend import Backend, HostBuffer
+from ggflow.core.ops import PURE_VIEWS, Op
 from ggflow.core.tensor import Tensor
 
 
@@ -14,13 +15,13 @@ def _resolve(t: Tensor, subs: Mapping[Tensor, Tensor]) -> np.ndarray:
 
 
 _KERNELS = {
-    "add": lambda a, b, p: a + b,
-    "mul": lambda a, b, p: a * b,
-    "scale": lambda a, p: a * p[0] + p[1],
-    "silu": lambda a, p: a / (1 + np.exp(-a)),
+    Op.ADD: lambda a, b, p: a + b,
+    Op.MUL: lambda a, b, p: a * b,
+    Op.SCALE: lambda a, p: a * p[0] + p[1],
+    Op.SILU: lambda a, p: a / (1 + np.exp(-a)),
     # ggml mul_mat: out[.., j, i] = dot(a row i, b row j)  ->  b @ a^T per batch
-    "mul_mat": lambda a, b, p: np.matmul(b, np.swapaxes(a, -1, -2)),
-    "rms_norm": lambda a, p: a / np.sqrt(np.mean(a.astype(np.float64) ** 2, -1, keepdims=True) + p[0]),
+    Op.MUL_MAT: lambda a, b, p: np.matmul(b, np.swapaxes(a, -1, -2)),
+    Op.RMS_NORM: lambda a, p: a / np.sqrt(np.mean(a.astype(np.float64) ** 2, -1, keepdims=True) + p[0]),
 }
 
 
@@ -38,7 +39,7 @@ class NumpyTestBackend(Backend):
         return HostBuffer.allocate(size, self.name)
 
     def supports_op(self, node: Tensor) -> bool:
-        return node.op in self.ops or node.op in ("view", "reshape", "permute")
+        return node.op in self.ops or node.op in PURE_VIEWS
 
     def compute(self, nodes, substitutes=None) -> None:
         subs = substitutes or {}

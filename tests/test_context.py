@@ -33,9 +33,9 @@ def close(a, b, tol=1e-4):
 def test_a_full_cache_returns_1_and_leaves_the_cache_as_it_was(llama):
     ctx = ctx_for(llama, n_ctx=16)
     assert ctx.decode(Batch.from_tokens(TOKENS[:10])) == DECODE_OK
-    before = ctx.memory.pos.copy(), ctx.memory.seq.copy()
+    before = ctx.memory.cells_snapshot()
     assert ctx.decode(Batch.from_tokens(TOKENS[:8], pos0=10)) == DECODE_NO_KV_SLOT
-    assert (ctx.memory.pos == before[0]).all() and (ctx.memory.seq == before[1]).all()
+    assert ctx.memory.cells_snapshot() == before
     assert ctx.decode(Batch.from_tokens(TOKENS[:6], pos0=10)) == DECODE_OK
     assert ctx.n_ctx_used == 16
 
@@ -51,10 +51,10 @@ def test_a_full_cache_returns_1_and_leaves_the_cache_as_it_was(llama):
 def test_bad_batches_are_refused_before_anything_changes(llama, batch, message):
     ctx = ctx_for(llama)
     ctx.decode(Batch.from_tokens(TOKENS[:3]))
-    before = ctx.memory.pos.copy()
+    before = ctx.memory.cells_snapshot()
     with pytest.raises(BatchError, match=message):
         ctx.decode(batch)
-    assert (ctx.memory.pos == before).all()
+    assert ctx.memory.cells_snapshot() == before
 
 
 def test_a_batch_must_continue_where_its_sequence_ends(llama):

@@ -16,7 +16,7 @@ from ggflow.backends_builtin.cpu.kernels_matmul import load_quant_matmul
 from ggflow.backends_builtin.cpu.kernels_rope import rope_cache
 from ggflow.backends_builtin.cpu.threads import PARALLEL_MIN_ELEMENTS
 from ggflow.core import ops
-from ggflow.core.backend import HostBuffer
+from ggflow.core.backend import BackendOptions, HostBuffer
 from ggflow.core.graph import Graph
 from ggflow.core.quants import dequantize, quantize
 from ggflow.core.tensor import Tensor, TensorFlag
@@ -524,7 +524,7 @@ def test_compiled_plan_reads_inputs_at_run_time():
     x = leaf("F32", randn(2, 8), flags=TensorFlag.INPUT)
     out = ops.rms_norm(ops.scale(x, 2.0), 1e-6)
     graph = run(out)
-    plan = CPUBackend(n_threads=1).compile(graph.nodes)
+    plan = CPUBackend(BackendOptions(n_threads=1)).compile(graph.nodes)
     new_x = randn(2, 8)
     x.numpy()[...] = new_x
     plan()
@@ -558,7 +558,7 @@ def test_an_op_without_a_kernel_raises_backend_error_naming_it():
 
 def test_n_threads_must_be_positive():
     with pytest.raises(BackendError, match="n_threads"):
-        CPUBackend(n_threads=0)
+        CPUBackend(BackendOptions(n_threads=0))
 
 
 def test_registered_as_the_cpu_backend_that_supports_every_op():

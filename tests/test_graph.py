@@ -75,8 +75,11 @@ def test_views_copy_nothing_and_describe_strides():
 
 
 def test_quantized_tensor_strides_are_in_blocks():
-    t = Tensor("I32", (8, 3))
-    assert t.nb == (4, 32, 96, 96) and t.nbytes == 96
+    # Q4_0: blocks of 32 elements in 18 bytes (an fp16 scale and 16 bytes of nibbles); ggml's nb[0] is the
+    # block's size and a row of 64 elements is two blocks
+    t = Tensor("Q4_0", (64, 3))
+    assert t.nb[0] == 18
+    assert t.nb == (18, 36, 108, 108) and t.nbytes == 108
 
 
 @pytest.mark.parametrize("build, message", [

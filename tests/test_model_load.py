@@ -9,7 +9,7 @@ import pytest
 
 from ggflow.core.model import Model
 from ggflow.errors import ModelLoadError
-from tests.fixtures.tiny_models import SPECS, write_tiny_model
+from tests.fixtures.tiny_models import SPECS, rewrite_model, write_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -70,46 +70,37 @@ def test_truncated_in_the_header(tiny_dir, tmp_path):
         Model.load(cut)
 
 
-def _rewrite(src, dst, *, arch=None, drop=None, reshape=None):
-    """Copy a GGUF file changing its architecture name, dropping or reshaping one tensor."""
-    reader = gguf.GGUFReader(src)
-    arch_name = arch or reader.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(str(dst), arch_name)
-    old_arch = reader.fields["general.architecture"].contents()
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        value = field.contents()
-        vtype = field.types[0]
-        new_key = key.replace(f"{old_arch}.", f"{arch_name}.", 1)
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(new_key, value, vtype, sub_type=field.types[-1])
-        else:
-            w.add_key_value(new_key, value, vtype)
-    for t in reader.tensors:
-        if t.name == drop:
-            continue
-        data = np.asarray(t.data)
-        if t.name == reshape:
-            data = data.reshape(-1)[: data.size // 2].reshape(data.shape[0] // 2, -1)
-        w.add_tensor(t.name, data)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    return dst
-
-
 def test_unknown_architecture_is_named_with_the_registered_ones(tiny_dir, tmp_path):
-    path = _rewrite(tiny_dir / "llama.gguf", tmp_path / "m.gguf", arch="mamba9")
+    path = rewrite_model(tiny_dir / "llama.gguf", tmp_path / "m.gguf", arch="mamba9")
     with pytest.raises(ModelLoadError, match=r"mamba9.*llama"):
         Model.load(path)
 
 
-def test_missing_tensor_is_named(tiny_dir, tmp_path):
-    path = _rewrite(tiny_dir / "llama.gguf", tmp_path / "m.gguf", drop="blk.1.ffn_up.weight")
-    with pytest.raises(ModelLoadError, match=r"blk\.1\.ffn_up\.weight.*missing"):
+@pytest.mark.parametrize("arch, change, message", [
+    ("llama", {"drop": "blk.1.ffn_up.weight"}, r"blk\.1\.ffn_up\.weight.*missing"),
+    ("qwen3", {"drop": "blk.0.attn_q_norm.weight"}, r"blk\.0\.attn_q_norm\.weight.*missing.*\[128\]"),
+    ("llama", {"reshape": "blk.0.attn_k.weight"}, r"blk\.0\.attn_k\.weight.*\[128, 32\].*expected \[128, 64\]"),
+    ("qwen2", {"reshape": "blk.1.attn_q.bias"}, r"blk\.1\.attn_q\.bias.*\[1, 64\].*expected \[128\]"),  # optional
+], ids=["missing", "missing-qwen3-q-norm", "misshapen", "misshapen-optional-bias"])
+def test_a_missing_or_misshapen_tensor_is_named_with_the_shapes(tiny_dir, tmp_path, arch, change, message):
+    path = rewrite_model(tiny_dir / f"{arch}.gguf", tmp_path / "m.gguf", **change)
+    with pytest.raises(ModelLoadError, match=message):
         Model.load(path)
 
 
-def test_misshapen_tensor_names_both_shapes(tiny_dir, tmp_path):
-    path = _rewrite(tiny_dir / "llama.gguf", tmp_path / "m.gguf", reshape="blk.0.attn_k.weight")
-    with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_k\.weight.*\[128, 32\].*expected \[128, 64\]"):
-        Model.load(path)
+def test_the_weight_record_holds_the_files_own_tensors(tiny_dir):
+    model = Model.load(tiny_dir / "llama.gguf")
+    w = model.w
+    assert len(w.layers) == model.hparams.n_layer
+    assert w.tok_embd is model.weights["token_embd.weight"]
+    assert w.layers[1].wq is model.weights["blk.1.attn_q.weight"]
+    assert w.layers[0].ffn_down is model.weights["blk.0.ffn_down.weight"]
+    assert np.shares_memory(w.layers[1].wk.numpy(), model.file.data())
+
+
+def test_absent_optional_weights_are_none_and_present_ones_are_filled(tiny_dir):
+    llama, qwen2 = Model.load(tiny_dir / "llama.gguf"), Model.load(tiny_dir / "qwen2.gguf")
+    assert llama.w.layers[0].bq is None and llama.w.rope_freqs is None
+    assert llama.w.output is llama.weights["output.weight"]
+    assert qwen2.w.output is None                                  # tied to token_embd
+    assert qwen2.w.layers[1].bv is qwen2.weights["blk.1.attn_v.bias"]

@@ -15,7 +15,7 @@ import ggflow
 from ggflow.core.types import type_traits
 from ggflow.errors import QuantizationError
 from ggflow.plugins.manager import get_plugin_manager
-from ggflow.quant_builtin import _kquant_kernels, kquants
+from ggflow.quant_builtin import _kquant_encoders, kquants
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 GOLDEN = SHARED / "golden" / "quant_ggml_seed1.npz"
@@ -139,12 +139,12 @@ def test_block_order_and_thread_chunking_do_not_change_bytes(name):
     blocks = rng.standard_normal((13, QK_K)).astype(np.float32) * magnitudes
     size = type_traits(name).type_size
     serial = np.empty((13, size), np.uint8)
-    getattr(_kquant_kernels, f"quantize_{name.lower()}")(blocks, serial, 0, 13)
+    getattr(_kquant_encoders, f"quantize_{name.lower()}")(blocks, serial, 0, 13)
     one_by_one = np.concatenate([ggflow.quantize(b[None], name) for b in blocks])
     np.testing.assert_array_equal(serial, one_by_one)
     for n_chunks in (1, 3, 13):
         chunked = np.empty((13, size), np.uint8)
-        getattr(_kquant_kernels, f"quantize_{name.lower()}_parallel")(blocks, chunked, n_chunks)
+        getattr(_kquant_encoders, f"quantize_{name.lower()}_parallel")(blocks, chunked, n_chunks)
         np.testing.assert_array_equal(chunked, serial)
 
 
@@ -154,7 +154,7 @@ def test_nearest_int_rounds_half_to_even_like_rint():
     values = np.concatenate([np.arange(-40, 40) + np.float32(0.5),
                              rng.uniform(-4194303, 4194303, 300),
                              rng.uniform(-3, 3, 300)]).astype(np.float32)
-    got = np.array([_kquant_kernels.nearest_int(v) for v in values])
+    got = np.array([_kquant_encoders.nearest_int(v) for v in values])
     np.testing.assert_array_equal(got, np.rint(values).astype(np.int64))
 
 
@@ -170,11 +170,11 @@ def test_fp16_rounding_matches_ieee_round_to_nearest_even():
     values = np.concatenate([bits.view(np.float32),
                              np.array([0.0, -0.0, np.inf, -np.inf, 65504, 65519.99, 65520,
                                        2**-25, 2**-24, 2**-14 - 2**-25], np.float32)])
-    got = np.array([_kquant_kernels.fp16_bits(v) for v in values], np.uint16)
+    got = np.array([_kquant_encoders.fp16_bits(v) for v in values], np.uint16)
     with np.errstate(over="ignore"):
         expected = values.astype(np.float16).view(np.uint16)
     np.testing.assert_array_equal(got, expected)
-    back = np.array([_kquant_kernels.fp16_value(b) for b in got], np.float32)
+    back = np.array([_kquant_encoders.fp16_value(b) for b in got], np.float32)
     np.testing.assert_array_equal(back, got.view(np.float16).astype(np.float32))
 
 

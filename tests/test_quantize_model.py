@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 import ggflow
-import ggflow.quantize_model as qm
+import ggflow.quantize_model.convert as qm_convert
 from ggflow.cli import main
 from ggflow.core.batch import Batch
 from ggflow.core.context import DECODE_OK, Context
+from ggflow.core.gguf_file import GGUFFile
 from ggflow.core.model import Model
 from ggflow.errors import ModelLoadError, QuantizationError, UnknownNameError
-from ggflow.quant_mixes import MIXES, ModelFacts, TensorDesc, choose_types, fallback_type, find_mix, use_more_bits
+from ggflow.quantize_model.mixes import MIXES, ModelFacts, TensorDesc, choose_types, fallback_type, find_mix, use_more_bits
 from ggflow.quantize_model import quantize_model
 from tests.fixtures import tiny_models
 from tests.fixtures.tiny_models import TinySpec, write_tiny_model
@@ -452,14 +453,14 @@ def leftovers(directory: Path) -> list[str]:
 
 def failing_quantize(monkeypatch, after: int, exc: BaseException):
     calls = {"n": 0}
-    real = qm.quantize
+    real = qm_convert.quantize
 
     def quantize(*args, **kw):
         calls["n"] += 1
         if calls["n"] > after:
             raise exc
         return real(*args, **kw)
-    monkeypatch.setattr(qm, "quantize", quantize)
+    monkeypatch.setattr(qm_convert, "quantize", quantize)
     return calls
 
 
@@ -515,6 +516,31 @@ def write_one_matrix(path: Path, data: np.ndarray) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def test_a_tensor_type_no_ggml_has_is_a_load_error_naming_it(tmp_path):
+    src, out = tmp_path / "odd-type.gguf", tmp_path / "out.gguf"
+    write_one_matrix(src, np.ones((4, 64), np.float32))
+    raw = bytearray(src.read_bytes())
+    # the only tensor info follows the metadata: name, n_dims, ne[2], then its type id
+    kv_end = max(end for _, end in GGUFFile(src).kv_spans.values())
+    name = b"blk.0.attn_q.weight"
+    type_at = kv_end + 8 + len(name) + 4 + 2 * 8
+    assert int.from_bytes(raw[type_at:type_at + 4], "little") == gguf.GGMLQuantizationType.F32
+    raw[type_at:type_at + 4] = (250).to_bytes(4, "little")
+    src.write_bytes(bytes(raw))
+    with pytest.raises(ModelLoadError, match=r"odd-type.gguf: tensor 'blk.0.attn_q.weight' has type id 250"):
+        quantize_model(src, out, "Q8_0", progress=False)
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_metadata_entries_are_the_input_bytes(tiny_model_path, quantized):
+    src = tiny_model_path("llama")
+    out, _ = quantized(src, "Q4_0")
+    a, b = GGUFFile(src), GGUFFile(out)
+    kept = [k for k in a.kv_spans if k not in ("general.file_type", "general.quantization_version")]
+    assert all(b.kv_entry(k) == a.kv_entry(k) for k in kept)
+    assert list(b.kv_spans) == kept + ["general.quantization_version", "general.file_type"]
 
 
 def test_non_finite_weights_name_the_tensor(tmp_path):

@@ -7,6 +7,7 @@ import pytest
 from ggflow.core import ops
 from ggflow.core.backend import HostBuffer
 from ggflow.core.graph import Graph
+from ggflow.core.ops import Op
 from ggflow.core.scheduler import Scheduler
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.errors import BackendError
@@ -63,7 +64,7 @@ def test_single_backend_matches_numpy():
 
 
 def test_partial_backend_splits_and_copies_are_what_the_assignment_implies():
-    partial = NumpyTestBackend(ops=("add", "mul"), name="partial")
+    partial = NumpyTestBackend(ops=(Op.ADD, Op.MUL), name="partial")
     full = NumpyTestBackend(name="full")
     x, x_np, out, oracle = small_mlp({"w": "full", "b": "partial"})
     graph = Graph([out])
@@ -107,7 +108,7 @@ def test_in_place_write_on_a_backend_that_cannot_do_it_is_refused():
     src = ops.new_input("F32", (4, 2), "src")
     write = ops.set_rows(cache, src, rows)
     with pytest.raises(BackendError, match="set_rows"):
-        Scheduler([NumpyTestBackend(ops=("add",), name="partial"), NumpyTestBackend(name="full")]).alloc(
+        Scheduler([NumpyTestBackend(ops=(Op.ADD,), name="partial"), NumpyTestBackend(name="full")]).alloc(
             Graph([write]))
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import time
 from pathlib import Path
 
 import gguf
@@ -19,7 +18,7 @@ from hypothesis import strategies as st
 
 from ggflow.core.vocab import (InvalidTokenError, TokenAttr, Vocab, _StreamingCleaner, clean_spaces,
                                read_tokenizer_metadata)
-from ggflow.core.vocab_pretokenize import PRE_NAMES, UNSUPPORTED_PRE_TYPES
+from ggflow.core.vocab.pretokenize import PRE_NAMES, UNSUPPORTED_PRE_TYPES
 from ggflow.errors import GGFlowError, ModelLoadError
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -540,14 +539,12 @@ def test_stream_equals_detokenize_for_any_ids(name, data):
     assert_streams_like_detokenize(vocab, ids, **flags)
 
 
-# ---- speed ------------------------------------------------------------------------------------
+# ---- long text ----------------------------------------------------------------------------------
+# (how fast: benchmarks/bench_vocab.py)
 
 @pytest.mark.parametrize("which", ["smollm2", "ggml-vocab-llama-spm.gguf"])
-def test_tokenizes_10k_characters_well_under_a_second(request, which):
+def test_5k_characters_of_multilingual_text_round_trip(request, which):
     vocab = request.getfixturevalue("smollm2") if which == "smollm2" else shared_vocab(which)
     text = (MULTILINGUAL * 20)[:10_000]
-    start = time.perf_counter()
     ids = vocab.tokenize(text, add_special=False)
-    elapsed = time.perf_counter() - start
     assert vocab.detokenize(ids) == text
-    assert elapsed < 0.5, f"{which}: {elapsed:.3f} s for 10k characters"

@@ -17,7 +17,7 @@ from ggflow.backends_builtin.vulkan.device import DeviceInfo, VulkanUnavailable,
 from ggflow.backends_builtin.vulkan.pipelines import SHADER_DIR, binding_count, spirv_words
 from ggflow.core import ops
 from ggflow.core.backend import HostBuffer
-from ggflow.core.context import make_backends
+from ggflow.core.backend_registry import make_backends
 from ggflow.core.quants import quantize
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.errors import BackendError
@@ -76,8 +76,9 @@ def test_the_environment_picks_a_device_by_index():
 def test_priority_is_above_the_cpu_only_on_a_gpu(monkeypatch, kind, priority):
     class FakeDevice:
         info = DeviceInfo(0, "x", kind)
-    monkeypatch.setattr(backend_mod, "device_if_available", lambda: FakeDevice())
-    assert VulkanBackend.priority == priority
+    monkeypatch.setattr(backend_mod, "get_device", lambda: FakeDevice())
+    monkeypatch.setattr(backend_mod, "pipelines_for", lambda device: None)
+    assert VulkanBackend().priority == priority
 
 
 def test_weights_are_packed_into_buffers_of_bounded_size():

@@ -1,68 +1,71 @@
 """llama: RMSNorm, RoPE (ggml's normal mode, as GGUF stores Q/K), grouped-query attention, SwiGLU FFN.
 
-Covers Llama 2/3, SmolLM, Mistral-style files: optional Q/K/V/O biases, optional rope_freqs (Llama 3
-scaling), output tied to the token embedding when the file has no output.weight.
+Covers Llama 2/3, SmolLM, Mistral-style files: optional Q/K/V/O and FFN biases, optional rope_freqs
+(Llama 3 scaling), output tied to the token embedding when the file has no output.weight.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ggflow.core import ops
-from ggflow.core.arch import Architecture, TensorShapes, load_common_hparams
+from ggflow.core.arch import Architecture
 from ggflow.core.graph_builder import FFN, GraphBuilder, Norm
-from ggflow.core.model import HParams, Metadata
+from ggflow.core.tensor import Tensor
+from ggflow.core.weights import optional, per_layer, tensor
 from ggflow.plugins.hookspecs import hookimpl
+
+
+@dataclass(kw_only=True)
+class LlamaLayer:
+    attn_norm: Tensor = tensor("blk.{il}.attn_norm.weight", lambda hp: (hp.n_embd,))
+    wq: Tensor = tensor("blk.{il}.attn_q.weight", lambda hp: (hp.n_embd, hp.n_embd_head_k * hp.n_head))
+    wk: Tensor = tensor("blk.{il}.attn_k.weight", lambda hp: (hp.n_embd, hp.n_embd_k_gqa))
+    wv: Tensor = tensor("blk.{il}.attn_v.weight", lambda hp: (hp.n_embd, hp.n_embd_v_gqa))
+    wo: Tensor = tensor("blk.{il}.attn_output.weight", lambda hp: (hp.n_embd_head_v * hp.n_head, hp.n_embd))
+    bq: Tensor | None = optional("blk.{il}.attn_q.bias", lambda hp: (hp.n_embd_head_k * hp.n_head,))
+    bk: Tensor | None = optional("blk.{il}.attn_k.bias", lambda hp: (hp.n_embd_k_gqa,))
+    bv: Tensor | None = optional("blk.{il}.attn_v.bias", lambda hp: (hp.n_embd_v_gqa,))
+    bo: Tensor | None = optional("blk.{il}.attn_output.bias", lambda hp: (hp.n_embd,))
+    ffn_norm: Tensor = tensor("blk.{il}.ffn_norm.weight", lambda hp: (hp.n_embd,))
+    ffn_gate: Tensor = tensor("blk.{il}.ffn_gate.weight", lambda hp: (hp.n_embd, hp.n_ff))
+    ffn_up: Tensor = tensor("blk.{il}.ffn_up.weight", lambda hp: (hp.n_embd, hp.n_ff))
+    ffn_down: Tensor = tensor("blk.{il}.ffn_down.weight", lambda hp: (hp.n_ff, hp.n_embd))
+    ffn_gate_b: Tensor | None = optional("blk.{il}.ffn_gate.bias", lambda hp: (hp.n_ff,))
+    ffn_up_b: Tensor | None = optional("blk.{il}.ffn_up.bias", lambda hp: (hp.n_ff,))
+    ffn_down_b: Tensor | None = optional("blk.{il}.ffn_down.bias", lambda hp: (hp.n_embd,))
+
+
+@dataclass(kw_only=True)
+class LlamaWeights:
+    tok_embd: Tensor = tensor("token_embd.weight", lambda hp: (hp.n_embd, hp.n_vocab))
+    rope_freqs: Tensor | None = optional("rope_freqs.weight", lambda hp: (hp.n_rot // 2,))
+    layers: list[LlamaLayer] = per_layer(LlamaLayer)
+    output_norm: Tensor = tensor("output_norm.weight", lambda hp: (hp.n_embd,))
+    output: Tensor | None = optional("output.weight", lambda hp: (hp.n_embd, hp.n_vocab))
 
 
 class Llama(Architecture):
     names = ("llama",)
+    weights = LlamaWeights
     rope_type = ops.ROPE_NORMAL
 
-    def load_hparams(self, meta: Metadata) -> HParams:
-        return load_common_hparams(meta, rope_type=self.rope_type)
-
-    def tensor_shapes(self, hp: HParams) -> TensorShapes:
-        shapes: TensorShapes = {
-            "token_embd.weight": ((hp.n_embd, hp.n_vocab), True),
-            "output_norm.weight": ((hp.n_embd,), True),
-            "output.weight": ((hp.n_embd, hp.n_vocab), False),
-        }
-        for il in range(hp.n_layer):
-            p = f"blk.{il}"
-            shapes.update({
-                f"{p}.attn_norm.weight": ((hp.n_embd,), True),
-                f"{p}.attn_q.weight": ((hp.n_embd, hp.n_embd_head_k * hp.n_head), True),
-                f"{p}.attn_k.weight": ((hp.n_embd, hp.n_embd_k_gqa), True),
-                f"{p}.attn_v.weight": ((hp.n_embd, hp.n_embd_v_gqa), True),
-                f"{p}.attn_output.weight": ((hp.n_embd_head_v * hp.n_head, hp.n_embd), True),
-                f"{p}.ffn_norm.weight": ((hp.n_embd,), True),
-                f"{p}.ffn_gate.weight": ((hp.n_embd, hp.n_ff), True),
-                f"{p}.ffn_up.weight": ((hp.n_embd, hp.n_ff), True),
-                f"{p}.ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
-            })
-        return shapes
-
-    def qk_norm(self, b: GraphBuilder, il: int, q, k):
-        """Per-head Q/K normalization before RoPE (qwen3); none for llama."""
-        return q, k
-
     def build_graph(self, b: GraphBuilder):
-        hp = b.hp
-        x = b.token_embeddings()                                                  # [n_embd, n_tokens]
-        for il in range(hp.n_layer):
-            p = f"blk.{il}"
-            cur = b.norm(x, f"{p}.attn_norm", Norm.RMS)
-            q = b.split_heads(b.linear(cur, f"{p}.attn_q"), hp.n_embd_head_k)     # [hd, n_head, n_tokens]
-            k = b.split_heads(b.linear(cur, f"{p}.attn_k"), hp.n_embd_head_k)     # [hd, n_head_kv, n_tokens]
-            v = b.split_heads(b.linear(cur, f"{p}.attn_v"), hp.n_embd_head_v)
-            q, k = self.qk_norm(b, il, q, k)
-            q, k = b.rope(q), b.rope(k)
-            cur = b.linear(b.attention(il, q, k, v), f"{p}.attn_output")
+        hp, w = b.hp, b.w
+        x = b.token_embeddings(w.tok_embd)                                        # [n_embd, n_tokens]
+        for il, layer in enumerate(w.layers):
+            cur = b.norm(x, layer.attn_norm, None, Norm.RMS)
+            q, k, v = b.qkv(cur, layer)                                           # [hd, n_head(_kv), n_tokens]
+            q, k = b.rope(q, w.rope_freqs), b.rope(k, w.rope_freqs)
+            cur = b.linear(b.attention(il, q, k, v), layer.wo, layer.bo)          # [n_embd, n_tokens]
             if il == hp.n_layer - 1:
                 cur, x = b.select_outputs(cur, x)
             x = ops.add(x, cur)                                                   # residual
-            cur = b.ffn(b.norm(x, f"{p}.ffn_norm", Norm.RMS), il, FFN.SILU_GATED)
+            cur = b.norm(x, layer.ffn_norm, None, Norm.RMS)
+            cur = b.ffn(cur, up=layer.ffn_up, gate=layer.ffn_gate, down=layer.ffn_down, kind=FFN.SILU_GATED,
+                        up_b=layer.ffn_up_b, gate_b=layer.ffn_gate_b, down_b=layer.ffn_down_b)
             x = ops.add(x, cur)                                                   # residual
-        x = b.norm(x, "output_norm", Norm.RMS)
-        return b.lm_head(x)                                                       # [n_vocab, n_outputs]
+        x = b.norm(x, w.output_norm, None, Norm.RMS)
+        return b.lm_head(x, w.output or w.tok_embd)                               # [n_vocab, n_outputs]
 
 
 @hookimpl

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from ggflow.cli.args import UsageError, available_memory, int_at_least, model_file
 
@@ -20,35 +21,37 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(compiles_kernels=True)
 
 
+# llama.cpp's flag -> the SamplingParams field it sets; the default and help come from the field.
+SAMPLING_FLAGS: dict[str, str] = {
+    "--temp": "temperature", "--top-k": "top_k", "--top-p": "top_p", "--min-p": "min_p",
+    "--typical": "typical_p", "--repeat-penalty": "repeat_penalty", "--repeat-last-n": "repeat_last_n",
+    "--presence-penalty": "presence_penalty", "--frequency-penalty": "frequency_penalty",
+    "--mirostat": "mirostat", "--mirostat-lr": "mirostat_eta", "--mirostat-ent": "mirostat_tau",
+    "--seed": "seed",
+}
+
+
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    """Sampling flags named as llama.cpp names them."""
+    """Sampling flags named as llama.cpp names them, with SamplingParams' defaults."""
+    from ggflow.core.sampling_params import SamplingParams
+
+    fields = {f.name: f for f in dataclasses.fields(SamplingParams)}
     g = parser.add_argument_group("sampling")
-    g.add_argument("--temp", type=float, default=0.8, help="temperature; <= 0 is greedy (default 0.8)")
-    g.add_argument("--top-k", type=int, default=40)
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--min-p", type=float, default=0.05)
-    g.add_argument("--typical", type=float, default=1.0)
-    g.add_argument("--repeat-penalty", type=float, default=1.0)
-    g.add_argument("--repeat-last-n", type=int, default=64)
-    g.add_argument("--presence-penalty", type=float, default=0.0)
-    g.add_argument("--frequency-penalty", type=float, default=0.0)
-    g.add_argument("--mirostat", type=int, default=0, choices=(0, 1, 2))
-    g.add_argument("--mirostat-lr", type=float, default=0.1)
-    g.add_argument("--mirostat-ent", type=float, default=5.0)
-    g.add_argument("--seed", type=int, default=None, help="RNG seed (default: random)")
+    for flag, name in SAMPLING_FLAGS.items():
+        f = fields[name]
+        kind = int if f.default is None else type(f.default)  # seed: an int or None
+        extra = {"choices": (0, 1, 2)} if name == "mirostat" else {}
+        g.add_argument(flag, dest=name, type=kind, default=f.default,
+                       help=f"{f.metadata.get('doc', name)} (default {f.default})", **extra)
     g.add_argument("--samplers", default=None,
                    help="sampler names in order, ';' separated (plugins' samplers too), replacing the default chain")
 
 
 def sampling_params(args: argparse.Namespace):
-    from ggflow.core.sampling import SamplingParams
+    from ggflow.core.sampling_params import SamplingParams
 
-    return SamplingParams(
-        temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, typical_p=args.typical,
-        repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
-        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-        mirostat=args.mirostat, mirostat_eta=args.mirostat_lr, mirostat_tau=args.mirostat_ent, seed=args.seed,
-        samplers=args.samplers.split(";") if args.samplers else None)
+    chosen = {name: getattr(args, name) for name in SAMPLING_FLAGS.values()}
+    return SamplingParams(**chosen, samplers=args.samplers.split(";") if args.samplers else None)
 
 
 def backend_names(spec: str) -> "str | list[str]":

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ggflow.quant_mixes import ALIASES, MIXES
+from ggflow.quantize_model.mixes import ALIASES, MIXES
 
 
 def add_parser(subparsers: Any) -> None:

@@ -8,27 +8,34 @@ from ggflow.core.model import HParams, Metadata
 from ggflow.errors import ModelLoadError
 
 if TYPE_CHECKING:
+    from ggflow.core.backend import Backend
     from ggflow.core.graph_builder import GraphBuilder
+    from ggflow.core.memory import Memory
     from ggflow.core.tensor import Tensor
-
-# name -> (ne, required); ne innermost first, as GGUF stores it
-TensorShapes = dict[str, tuple[tuple[int, ...], bool]]
 
 
 class Architecture(ABC):
     names: ClassVar[tuple[str, ...]]
+    # The weight record: a dataclass declared with ggflow.core.weights' tensor / optional / per_layer
+    # fields. The loader checks the file against it and hands the filled record to build_graph as b.w.
+    weights: ClassVar[type]
+    rope_type: ClassVar[int] = -1    # ops.ROPE_NORMAL / ops.ROPE_NEOX; -1: no RoPE
 
-    @abstractmethod
     def load_hparams(self, meta: Metadata) -> HParams:
-        """Read this architecture's hyperparameters from the file's metadata."""
-
-    @abstractmethod
-    def tensor_shapes(self, hp: HParams) -> TensorShapes:
-        """Every weight the graph uses, with its expected shape and whether it must be present."""
+        """Read this architecture's hyperparameters from the file's metadata (by default the keys every
+        llama.cpp transformer shares; override to read more, into ``HParams.extra``)."""
+        return load_common_hparams(meta, rope_type=self.rope_type)
 
     @abstractmethod
     def build_graph(self, b: "GraphBuilder") -> "Tensor":
         """Build the forward pass for one ubatch from the builder's blocks; return logits [n_vocab, n_outputs]."""
+
+    def create_memory(self, hp: HParams, n_ctx: int, backend: "Backend", type_k: str, type_v: str) -> "Memory":
+        """The memory a Context keeps for this architecture: n_ctx cells in the backend's memory.
+
+        The unified KV cache by default; a sliding-window or hybrid model returns its own ``Memory``."""
+        from ggflow.core.kv_cache import KVCache
+        return KVCache(hp, n_ctx, backend, type_k, type_v)
 
 
 def load_common_hparams(meta: Metadata, rope_type: int = -1) -> HParams:

@@ -13,6 +13,7 @@ from typing import Callable, ClassVar, Mapping, Sequence
 import numpy as np
 
 from ggflow.core.tensor import Tensor, contiguous_strides, strided_view
+from ggflow.errors import BackendError
 
 
 class Buffer(ABC):
@@ -77,13 +78,30 @@ class Availability:
         return self.available
 
 
+@dataclass(frozen=True)
+class BackendOptions:
+    """What every backend factory is given (``factory(options)``); a backend uses what applies to it."""
+
+    n_threads: int | None = None   # host threads for parallel kernels; None: the runtime's default (all cores)
+
+    def __post_init__(self) -> None:
+        if self.n_threads is not None and self.n_threads < 1:
+            raise BackendError(f"n_threads must be at least 1, got {self.n_threads}")
+
+
 class Backend(ABC):
-    """A compute backend. The class is the factory registered through ``register_backends``."""
+    """A compute backend. The class is the factory registered through ``register_backends``: it is
+    called with a ``BackendOptions`` (``make_backends`` passes the Context's)."""
 
     name: ClassVar[str]
-    priority: ClassVar[int] = 0      # higher is preferred by backend="auto"
     alignment: ClassVar[int] = 64    # byte alignment of tensors in this backend's buffers
     description: ClassVar[str] = ""
+    # Higher is preferred by backend="auto", which leaves out backends below 0 (slower than the CPU).
+    # A backend whose rank depends on what it finds (a GPU or a CPU driver) sets it per instance.
+    priority: int = 0
+
+    def __init__(self, options: BackendOptions = BackendOptions()):
+        self.options = options
 
     @classmethod
     def is_available(cls) -> Availability:
@@ -165,4 +183,4 @@ def _as_bytes(tensor: Tensor, data: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
 
 
-__all__ = ["Availability", "Backend", "Buffer", "HostBuffer", "contiguous_strides"]
+__all__ = ["Availability", "Backend", "BackendOptions", "Buffer", "HostBuffer", "contiguous_strides"]

@@ -1,57 +1,31 @@
 """Context.decode(batch): the inference loop.
 
-For each ubatch: find KV slots (no room: status 1, cache untouched), reuse the previous graph when its
-shape parameters (n_tokens, n_outputs, n_kv) are equal or build and allocate a new one, set the inputs
-(token ids, positions, KV indices, mask, output ids), compute, and keep the logits of the tokens that
-asked for them.
+Run the memory's pending work (the K-shift) on the Context's scheduler, then place the whole batch in
+the memory as one transaction (no room: status 1, memory untouched). For each ubatch: reuse the previous
+graph when its shape parameters (n_tokens, n_outputs, n_kv) are equal or build and allocate a new one,
+set the inputs (token ids, positions, the memory's KV indices and mask, output ids), compute, and keep
+the logits of the tokens that asked for them. The transaction commits when every ubatch has run; an
+exception rolls back everything the batch did.
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from ggflow.core.backend import Backend
+from ggflow.core.backend_registry import make_backends
 from ggflow.core.batch import Batch, BatchError, UBatch
 from ggflow.core.graph import Graph
 from ggflow.core.graph_builder import GraphBuilder
-from ggflow.core.memory import MAX_SEQ, KVCache, Slot
+from ggflow.core.memory import Memory, Slot
 from ggflow.core.model import Model
 from ggflow.core.scheduler import Scheduler
 from ggflow.core.tensor import Tensor
-from ggflow.errors import BackendError
+from ggflow.errors import BackendError, PluginError
 
 DECODE_OK = 0
 DECODE_NO_KV_SLOT = 1   # llama.cpp's contract: the batch did not fit; nothing changed
-
-
-def make_backends(names: "str | Sequence[str]" = "auto", n_threads: int | None = None) -> list[Backend]:
-    """Instantiate backends by name ("auto": every available one by priority); the CPU always comes last.
-
-    "auto" leaves out backends ranked below the CPU (negative priority, e.g. Vulkan on a CPU driver):
-    they are slower than the CPU backend and run only when asked for by name.
-    """
-    from ggflow.plugins.manager import get_plugin_manager
-
-    registry = get_plugin_manager().backends
-    if names == "auto":
-        classes = [r.obj for r in registry if r.obj.priority >= 0 and r.obj.is_available()]
-        classes.sort(key=lambda c: -c.priority)
-    else:
-        classes = [registry.get(n) for n in ([names] if isinstance(names, str) else names)]
-    if "cpu" not in [c.name for c in classes]:
-        classes.append(registry.get("cpu"))
-    classes = [c for c in classes if c.name != "cpu"] + [c for c in classes if c.name == "cpu"]
-    backends = []
-    for cls in classes:
-        availability = cls.is_available()
-        if not availability:
-            raise BackendError(f"backend {cls.name!r} is not available: {availability.reason}")
-        accepts_threads = "n_threads" in inspect.signature(cls).parameters
-        backends.append(cls(n_threads=n_threads) if accepts_threads else cls())
-    return backends
 
 
 @dataclass
@@ -72,7 +46,10 @@ class Context:
         self.backends = make_backends(backends, n_threads)
         self.backends[0].adopt_weights(model.weights)   # a device backend uploads them once, here
         self.scheduler = Scheduler(self.backends)
-        self.memory = KVCache(model.hparams, self.n_ctx, self.backends[0], type_k, type_v)
+        self.memory = model.arch.create_memory(model.hparams, self.n_ctx, self.backends[0], type_k, type_v)
+        if not isinstance(self.memory, Memory):
+            raise PluginError(f"{type(model.arch).__name__}.create_memory returned a {type(self.memory).__name__}, "
+                              f"not a ggflow.core.memory.Memory")
         self._built: _BuiltGraph | None = None
         self.n_graph_builds = 0
         self.n_graph_reuses = 0
@@ -90,8 +67,9 @@ class Context:
         if len(bad):
             raise BatchError(f"token id {int(batch.tokens[bad[0]])} at batch index {int(bad[0])} is outside "
                              f"the vocabulary [0, {hp.n_vocab})")
-        if ((batch.seq_id < 0) | (batch.seq_id >= MAX_SEQ)).any():
-            raise BatchError(f"sequence ids must be in [0, {MAX_SEQ})")
+        n_seq_max = self.memory.n_seq_max
+        if ((batch.seq_id < 0) | (batch.seq_id >= n_seq_max)).any():
+            raise BatchError(f"sequence ids must be in [0, {n_seq_max})")
         if (batch.pos < 0).any():
             raise BatchError("positions must be non-negative")
         for s in np.unique(batch.seq_id):
@@ -109,23 +87,18 @@ class Context:
     def decode(self, batch: Batch) -> int:
         """Evaluate a batch. 0: done; 1: the KV cache has no room for it (cache unchanged)."""
         self._validate(batch)
-        if int((self.memory.pos < 0).sum()) < batch.n_tokens:
+        if self.memory.n_free < batch.n_tokens:
             return DECODE_NO_KV_SLOT
-        if self.memory.has_shift:
-            self._apply_k_shift()
-        saved = (self.memory.pos.copy(), self.memory.seq.copy())
+        if self.memory.update(self.scheduler):
+            self._built = None   # the update's graph was allocated on the scheduler in place of ours
+        placed = self.memory.begin(batch.split(self.n_ubatch))
+        if placed is None:
+            return DECODE_NO_KV_SLOT
         outputs: list[np.ndarray] = []
-        try:
-            for ub in batch.split(self.n_ubatch):
-                slot = self.memory.find_slot(ub)
-                if slot is None:  # cannot happen after the check above, but never half-apply a batch
-                    self.memory.pos, self.memory.seq = saved
-                    return DECODE_NO_KV_SLOT
+        with placed:
+            for ub, slot in placed:
                 outputs.append(self._compute_ubatch(ub, slot))
-                self.memory.commit(slot)
-        except BaseException:
-            self.memory.pos, self.memory.seq = saved
-            raise
+            placed.commit()
         self._logits = np.concatenate(outputs) if outputs else self._logits[:0]
         self._logit_row = {int(i): r for r, i in enumerate(np.flatnonzero(batch.logits))}
         return DECODE_OK
@@ -149,9 +122,8 @@ class Context:
         inputs = {
             b.inp_tokens: ub.tokens,
             b.inp_pos: ub.pos,
-            b.inp_kv_idxs: slot.cells,
-            b.inp_kq_mask: self.memory.mask(slot, ub),
             b.inp_out_ids: np.flatnonzero(ub.logits).astype(np.int32),
+            **self.memory.input_data(b.inp_memory, ub, slot),
         }
         for tensor, data in inputs.items():
             if tensor in built.graph:  # an architecture may not use every input (gpt2: no RoPE)
@@ -160,10 +132,6 @@ class Context:
         if ub.n_outputs == 0:
             return np.zeros((0, self.model.hparams.n_vocab), np.float32)
         return sched.get_output(built.logits).reshape(ub.n_outputs, -1)
-
-    def _apply_k_shift(self) -> None:
-        from ggflow.core.kv_shift import apply_k_shift
-        apply_k_shift(self.memory, self.backends)
 
     # -- results -------------------------------------------------------------------------------
     def get_logits(self) -> np.ndarray:

@@ -2,8 +2,9 @@
 
 gguf.GGUFReader builds a numpy view per array element, which takes seconds for a 49k-150k token
 vocabulary before any weight is touched; reading the header with struct and numpy.frombuffer takes
-milliseconds. Numeric arrays come back as numpy arrays, string arrays as lists of str. The gguf
-package stays the reference for writing files and for the tests.
+milliseconds. Numeric arrays come back as numpy arrays, string arrays as lists of str, and each
+key-value entry's raw bytes stay reachable (kv_entry) for copying metadata as is. The gguf package
+stays the reference for the tests.
 
 Layout (GGUF v2/v3, little-endian): magic "GGUF", version u32, n_tensors u64, n_kv u64; n_kv
 (key string, value type u32, value); n_tensors (name string, n_dims u32, ne u64 x n_dims, type u32,
@@ -65,13 +66,16 @@ class GGUFFile:
                                  "(versions 2 and 3, little-endian, are)")
         self.pos = 24
         self.fields: dict[str, Any] = {}
+        self.kv_spans: dict[str, tuple[int, int]] = {}  # every key, in file order: its entry's bytes
         for _ in range(n_kv):
+            start = self.pos
             key = self._string()
             (vtype,) = self._unpack("<I")
             wanted = keep(key) or key == "general.alignment"
             value = self._value(vtype, wanted)
             if wanted:
                 self.fields[key] = value
+            self.kv_spans[key] = (start, self.pos)
         self.tensors: list[TensorInfo] = []
         if not read_tensors:
             return
@@ -142,6 +146,12 @@ class GGUFFile:
     # -- access ----------------------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
+
+    def kv_entry(self, key: str) -> bytes:
+        """The key-value entry as the file stores it (key, value type, value): what copying metadata
+        byte for byte needs, whatever the value holds (non-UTF-8 strings, empty arrays)."""
+        start, end = self.kv_spans[key]
+        return bytes(self._mm[start:end])
 
     def data(self) -> np.ndarray:
         """The whole file as a read-only uint8 array over the memory map (no copy)."""

@@ -16,7 +16,7 @@ from ggflow.core.graph import Graph
 from ggflow.core.tensor import Tensor
 
 if TYPE_CHECKING:
-    from ggflow.core.memory import KVCache
+    from ggflow.core.memory import Memory
     from ggflow.core.model import Model
 
 
@@ -31,85 +31,91 @@ class FFN(Enum):
 
 
 class GraphBuilder:
-    def __init__(self, model: "Model", kv: "KVCache", n_tokens: int, n_outputs: int, n_kv: int):
-        self.model, self.hp, self.kv = model, model.hparams, kv
+    def __init__(self, model: "Model", memory: "Memory", n_tokens: int, n_outputs: int, n_kv: int):
+        self.model, self.hp, self.memory = model, model.hparams, memory
         self.n_tokens, self.n_outputs, self.n_kv = n_tokens, n_outputs, n_kv
         self.graph = Graph()
         self.inp_tokens = ops.new_input("I32", (n_tokens,), "inp_tokens")
         self.inp_pos = ops.new_input("I32", (n_tokens,), "inp_pos")
-        self.inp_kv_idxs = ops.new_input("I32", (n_tokens,), "inp_kv_idxs")
-        self.inp_kq_mask = ops.new_input("F32", (n_kv, n_tokens), "inp_kq_mask")
+        self.inp_memory = memory.build_inputs(n_tokens, n_kv)   # KV cell indices and the mask
         self.inp_out_ids = ops.new_input("I32", (n_outputs,), "inp_out_ids")
 
     # -- weights -------------------------------------------------------------------------------
-    def w(self, name: str) -> Tensor:
-        return self.model.weight(name)
-
-    def w_opt(self, name: str) -> Tensor | None:
-        return self.model.get(name)
+    @property
+    def w(self):
+        """The model's weight record, as its architecture declared it: w.tok_embd, w.layers[il].wq, ..."""
+        return self.model.w
 
     # -- blocks --------------------------------------------------------------------------------
-    def token_embeddings(self) -> Tensor:
-        return ops.get_rows(self.w("token_embd.weight"), self.inp_tokens)        # [n_embd, n_tokens]
+    def token_embeddings(self, tok_embd: Tensor) -> Tensor:
+        return ops.get_rows(tok_embd, self.inp_tokens)                            # [n_embd, n_tokens]
 
-    def position_embeddings(self) -> Tensor:
-        return ops.get_rows(self.w("position_embd.weight"), self.inp_pos)        # [n_embd, n_tokens]
+    def position_embeddings(self, pos_embd: Tensor) -> Tensor:
+        return ops.get_rows(pos_embd, self.inp_pos)                               # [n_embd, n_tokens]
 
-    def norm(self, x: Tensor, weight: str, kind: Norm) -> Tensor:
-        """Normalize each row of x, then scale (and for LayerNorm shift) by the named weight (+ .bias)."""
+    def norm(self, x: Tensor, weight: Tensor, bias: Tensor | None, kind: Norm) -> Tensor:
+        """Normalize each row of x, then scale by weight (and shift by bias, when there is one)."""
         if kind is Norm.RMS:
             x = ops.rms_norm(x, self.hp.norm_rms_eps)
         else:
             x = ops.norm(x, self.hp.norm_eps)
-        x = ops.mul(x, self.w(f"{weight}.weight"))
-        bias = self.w_opt(f"{weight}.bias")
+        x = ops.mul(x, weight)
         return ops.add(x, bias) if bias is not None else x
 
-    def linear(self, x: Tensor, weight: str) -> Tensor:
-        """x @ W^T (+ b): the named weight's rows are output features; the bias is optional."""
-        y = ops.mul_mat(self.w(f"{weight}.weight"), x)
-        bias = self.w_opt(f"{weight}.bias")
-        return ops.add(y, bias) if bias is not None else y
+    def linear(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+        """x @ w^T (+ b): w's rows are the output features."""
+        y = ops.mul_mat(w, x)
+        return ops.add(y, b) if b is not None else y
 
-    def rope(self, x: Tensor) -> Tensor:
-        """Rotate the first n_rot dims of each head of x [head_dim, n_head, n_tokens] by its position."""
+    def qkv(self, x: Tensor, layer) -> tuple[Tensor, Tensor, Tensor]:
+        """Project x to heads of Q, K, V with the layer's wq/wk/wv and, where it has them, bq/bk/bv.
+
+        -> q [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens] (as llama.cpp's build_qkv).
+        """
+        hp = self.hp
+        q = self.linear(x, layer.wq, getattr(layer, "bq", None))
+        k = self.linear(x, layer.wk, getattr(layer, "bk", None))
+        v = self.linear(x, layer.wv, getattr(layer, "bv", None))
+        return (self.split_heads(q, hp.n_embd_head_k), self.split_heads(k, hp.n_embd_head_k),
+                self.split_heads(v, hp.n_embd_head_v))
+
+    def rope(self, x: Tensor, freq_factors: Tensor | None = None) -> Tensor:
+        """Rotate the first n_rot dims of each head of x [head_dim, n_head, n_tokens] by its position.
+
+        freq_factors (Llama 3's rope_freqs) divide each rotated pair's frequency, when given.
+        """
         hp = self.hp
         return ops.rope(x, self.inp_pos, hp.n_rot, hp.rope_type, freq_base=hp.rope_freq_base,
-                        freq_scale=hp.rope_freq_scale, n_ctx_orig=hp.n_ctx_train,
-                        freq_factors=self.w_opt("rope_freqs.weight"))
+                        freq_scale=hp.rope_freq_scale, n_ctx_orig=hp.n_ctx_train, freq_factors=freq_factors)
 
     def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None) -> Tensor:
-        """Write this ubatch's K/V into the cache, attend over the cache's first n_kv cells.
+        """Write this ubatch's K/V into the memory, attend over its first n_kv cells.
 
         q [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens] -> [n_embd_v, n_tokens].
         """
-        hp, kv = self.hp, self.kv
-        hd_k, hd_v, n_tok = hp.n_embd_head_k, hp.n_embd_head_v, self.n_tokens
+        mem, inp = self.memory, self.inp_memory
         # The writes are expanded first so every read below comes after them in the graph order.
-        self.graph.expand(ops.set_rows(kv.k[il], ops.reshape(k, hp.n_embd_k_gqa, n_tok), self.inp_kv_idxs))
-        self.graph.expand(ops.set_rows(kv.v[il], ops.reshape(ops.cont(v) if not v.is_contiguous() else v,
-                                                               hp.n_embd_v_gqa, n_tok), self.inp_kv_idxs))
-        k_cache, v_cache = kv.k[il], kv.v[il]
-        keys = ops.view(k_cache, (hd_k, hp.n_head_kv, self.n_kv),
-                        (k_cache.nb[0], k_cache.type.row_bytes(hd_k), k_cache.nb[1]))
-        values = ops.view(v_cache, (hd_v, hp.n_head_kv, self.n_kv),
-                          (v_cache.nb[0], v_cache.type.row_bytes(hd_v), v_cache.nb[1]))
+        self.graph.expand(mem.cpy_k(il, k, inp.kv_idxs))
+        self.graph.expand(mem.cpy_v(il, v, inp.kv_idxs))
+        keys, values = mem.get_k(il, self.n_kv), mem.get_v(il, self.n_kv)    # [hd, n_head_kv, n_kv]
         q = ops.permute(q, 0, 2, 1, 3)                                           # [hd, n_tokens, n_head]
         keys = ops.permute(keys, 0, 2, 1, 3)                                     # [hd, n_kv, n_head_kv]
         kq = ops.mul_mat(keys, q)                                                # [n_kv, n_tokens, n_head]
-        scale = kq_scale if kq_scale is not None else 1.0 / math.sqrt(hd_k)
-        kq = ops.soft_max(kq, self.inp_kq_mask, scale)
+        scale = kq_scale if kq_scale is not None else 1.0 / math.sqrt(self.hp.n_embd_head_k)
+        kq = ops.soft_max(kq, inp.kq_mask, scale)
         values = ops.permute(values, 1, 2, 0, 3)                                 # [n_kv, hd_v, n_head_kv]
         kqv = ops.mul_mat(values, kq)                                            # [hd_v, n_tokens, n_head]
         out = ops.cont(ops.permute(kqv, 0, 2, 1, 3))                             # [hd_v, n_head, n_tokens]
-        return ops.reshape(out, hd_v * hp.n_head, n_tok)
+        return ops.reshape(out, self.hp.n_embd_head_v * self.hp.n_head, self.n_tokens)
 
-    def ffn(self, x: Tensor, il: int, kind: FFN) -> Tensor:
-        p = f"blk.{il}"
+    def ffn(self, x: Tensor, *, up: Tensor, down: Tensor, gate: Tensor | None = None, kind: FFN,
+            up_b: Tensor | None = None, gate_b: Tensor | None = None, down_b: Tensor | None = None) -> Tensor:
+        """The feed-forward block: down(act(up(x))), or down(silu(gate(x)) * up(x)) when gated."""
         if kind is FFN.SILU_GATED:
-            return self.linear(ops.mul(ops.silu(self.linear(x, f"{p}.ffn_gate")), self.linear(x, f"{p}.ffn_up")),
-                               f"{p}.ffn_down")
-        return self.linear(ops.gelu(self.linear(x, f"{p}.ffn_up")), f"{p}.ffn_down")
+            h = ops.mul(ops.silu(self.linear(x, gate, gate_b)), self.linear(x, up, up_b))
+        else:
+            h = ops.gelu(self.linear(x, up, up_b))
+        return self.linear(h, down, down_b)
 
     def select_outputs(self, *xs: Tensor) -> tuple[Tensor, ...]:
         """Keep only the tokens whose logits are wanted (done before the last FFN, as llama.cpp does)."""
@@ -117,10 +123,9 @@ class GraphBuilder:
             return xs
         return tuple(ops.get_rows(x, self.inp_out_ids) for x in xs)
 
-    def lm_head(self, x: Tensor) -> Tensor:
-        """Logits [n_vocab, n_outputs]; a model without output.weight ties it to the token embedding."""
-        w = self.w_opt("output.weight") or self.w("token_embd.weight")
-        return ops.mul_mat(w, x)
+    def lm_head(self, x: Tensor, output: Tensor) -> Tensor:
+        """Logits [n_vocab, n_outputs] (output is the token embedding, for a model that ties them)."""
+        return ops.mul_mat(output, x)
 
     def split_heads(self, x: Tensor, head_dim: int) -> Tensor:
         """[head_dim * n, n_tokens] -> [head_dim, n, n_tokens]."""

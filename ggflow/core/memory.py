@@ -1,26 +1,31 @@
-"""Memory: the KV cache as an explicit, budgeted resource with a slot map.
+"""Memory: what a Context needs from a model's memory (the KV cache), and the batch transaction over it.
 
-The unified cache holds, per layer, K and V rows for ``size`` cells. Each cell records the position it
-holds (-1: free) and the set of sequences that see it. A ubatch first asks for slots (``find_slot``);
-no room is a ``None``, never an exception, and nothing changes until the ubatch has been computed and
-its slot is committed. The graph attends over the first ``n_kv`` cells (padded, so the graph's shape
-changes rarely); which of them a token may see is the mask, an input tensor, not graph structure.
+A memory owns its layout and its state. The graph asks it for writes (``cpy_k``/``cpy_v``: set_rows into
+the cells of the ubatch being evaluated) and reads (``get_k``/``get_v``: views over the first ``n_kv``
+cells); which of those cells a token may see is the mask, an input tensor the memory fills. A batch is a
+transaction: ``begin`` places every ubatch (no room: ``None``, nothing changed), iterating it applies
+each ubatch's cells, and unless ``commit`` is called every cell goes back as ``begin`` found it.
+
+The unified cache (kv_cache.py) is the built-in memory; an architecture brings another one (a
+sliding-window or hybrid cache) from ``Architecture.create_memory``.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ggflow.core.backend import Backend
 from ggflow.core.batch import UBatch
-from ggflow.core.model import HParams
-from ggflow.core.tensor import Tensor, TensorFlag
+from ggflow.core.tensor import Tensor
 from ggflow.errors import GGFlowError
 
+if TYPE_CHECKING:
+    from ggflow.core.scheduler import Scheduler
+
 N_KV_PAD = 256     # the attended range grows in these steps, as llama.cpp pads it
-MAX_SEQ = 64       # distinct sequence ids one cache tracks
+MAX_SEQ = 64       # distinct sequence ids the unified cache tracks
 
 
 @dataclass
@@ -28,147 +33,156 @@ class Slot:
     """Where a ubatch's tokens go, and the cell state after they are written."""
     cells: np.ndarray      # int32 [n_tokens]: cell index of each token
     pos: np.ndarray        # int32 [size]: cell positions with the ubatch written
-    seq: np.ndarray        # bool [size, MAX_SEQ]
+    seq: np.ndarray        # bool [size, n_seq_max]
     n_kv: int              # cells the graph attends over
 
 
+@dataclass
+class KVInputs:
+    """The graph inputs that belong to the memory, made once per graph by ``Memory.build_inputs``."""
+    kv_idxs: Tensor        # I32 [n_tokens]: the cell each token's K/V row is written to
+    kq_mask: Tensor        # F32 [n_kv, n_tokens]: 0 where a token may attend to a cell, -inf elsewhere
+
+
+class MemoryBatch:
+    """A batch placed in a memory: a transaction over its ubatches.
+
+    Iterating yields ``(ubatch, slot)`` after applying that ubatch's cells to the memory (so a later
+    ubatch's mask sees the earlier ones). ``commit()`` keeps them; leaving the ``with`` block without a
+    commit (an exception, a failed ubatch, an early return) restores every cell as ``begin`` found it.
+    The K/V rows a rolled-back ubatch wrote stay in cells that are free again, where the mask hides them.
+    """
+
+    def __init__(self, steps: list[tuple[UBatch, Slot]], apply: Callable[[Slot], None],
+                 restore: Callable[[], None]):
+        self._steps, self._apply, self._restore = steps, apply, restore
+        self._n_applied = 0
+        self._open = True
+
+    def __enter__(self) -> "MemoryBatch":
+        return self
+
+    def __exit__(self, *exc_info) -> bool:
+        self.rollback()
+        return False
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def __iter__(self) -> Iterator[tuple[UBatch, Slot]]:
+        for ub, slot in self._steps:
+            self._check_open()
+            self._apply(slot)
+            self._n_applied += 1
+            yield ub, slot
+
+    def commit(self) -> None:
+        """Keep what the batch wrote; every ubatch must have been applied."""
+        self._check_open()
+        if self._n_applied != len(self._steps):
+            raise GGFlowError(f"commit after {self._n_applied} of {len(self._steps)} ubatches: a batch "
+                              f"lands whole or not at all")
+        self._open = False
+
+    def rollback(self) -> None:
+        """Put every cell back as begin found it (nothing to do once committed)."""
+        if self._open:
+            self._restore()
+            self._open = False
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise GGFlowError("this memory batch was already committed or rolled back")
+
+
 class Memory(ABC):
-    """What Context needs from a model's memory. The unified KV cache is the built-in one."""
+    """The contract a model's memory meets; the unified KV cache (kv_cache.KVCache) is the built-in one.
+
+    State is cells: each holds a position (or is free) and the set of sequences that see it. Context
+    calls, per decode: ``update(scheduler)`` (pending work such as the K-shift, on the Context's
+    scheduler), then ``begin(ubatches)``, and per ubatch ``input_data`` for the graph built over
+    ``build_inputs``; ``GraphBuilder.attention`` calls ``cpy_k``/``cpy_v``/``get_k``/``get_v``. The
+    sequence verbs (``seq_*``, ``clear``) are llama.cpp's ``llama_memory_*`` calls, for users and the
+    serving engine.
+    """
+
+    size: int          # cells
+    nbytes: int        # bytes of backend memory the cells' K/V occupy
+    n_seq_max: int     # sequence ids are in [0, n_seq_max)
+
+    # -- the batch transaction -------------------------------------------------------------------
+    @abstractmethod
+    def begin(self, ubatches: Iterable[UBatch]) -> MemoryBatch | None:
+        """Place every ubatch of a batch; ``None`` when they do not all fit, with nothing changed.
+
+        No state changes until the returned batch is iterated, and none survive without its commit."""
 
     @abstractmethod
-    def find_slot(self, ubatch: UBatch) -> Slot | None: ...
+    def update(self, scheduler: "Scheduler") -> bool:
+        """Do pending work on the cache's data (the K-shift after ``seq_add``) on the given scheduler.
+
+        True when a graph ran: it was allocated on the scheduler, so a caller's allocated graph is stale."""
+
+    # -- graph building ----------------------------------------------------------------------------
     @abstractmethod
-    def commit(self, slot: Slot) -> None: ...
+    def build_inputs(self, n_tokens: int, n_kv: int) -> KVInputs:
+        """New input tensors for a graph over n_tokens tokens attending over n_kv cells."""
+
     @abstractmethod
-    def clear(self) -> None: ...
+    def input_data(self, inputs: KVInputs, ubatch: UBatch, slot: Slot) -> dict[Tensor, np.ndarray]:
+        """The values of ``inputs`` for a ubatch placed at ``slot``."""
+
     @abstractmethod
-    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool: ...
+    def cpy_k(self, il: int, k_cur: Tensor, idxs: Tensor) -> Tensor:
+        """The set_rows node writing k_cur [head_dim, n_head_kv, n_tokens] of layer il at cells idxs."""
+
     @abstractmethod
-    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None: ...
+    def cpy_v(self, il: int, v_cur: Tensor, idxs: Tensor) -> Tensor:
+        """The set_rows node writing v_cur [head_dim, n_head_kv, n_tokens] of layer il at cells idxs."""
+
     @abstractmethod
-    def seq_keep(self, seq_id: int) -> None: ...
+    def get_k(self, il: int, n_kv: int) -> Tensor:
+        """A view of layer il's keys over the first n_kv cells: [head_dim_k, n_head_kv, n_kv]."""
+
     @abstractmethod
-    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None: ...
+    def get_v(self, il: int, n_kv: int) -> Tensor:
+        """A view of layer il's values over the first n_kv cells: [head_dim_v, n_head_kv, n_kv]."""
+
+    # -- sequences ---------------------------------------------------------------------------------
     @abstractmethod
-    def seq_pos_max(self, seq_id: int) -> int: ...
-
-
-class KVCache(Memory):
-    def __init__(self, hp: HParams, size: int, backend: Backend, type_k: str = "F16", type_v: str = "F16"):
-        if size <= 0:
-            raise GGFlowError(f"KV cache size must be positive, got {size}")
-        self.hp, self.size, self.backend = hp, size, backend
-        self.k = [Tensor(type_k, (hp.n_embd_k_gqa, size), name=f"cache_k_l{il}", flags=TensorFlag.PARAM)
-                  for il in range(hp.n_layer)]
-        self.v = [Tensor(type_v, (hp.n_embd_v_gqa, size), name=f"cache_v_l{il}", flags=TensorFlag.PARAM)
-                  for il in range(hp.n_layer)]
-        offsets, total = [], 0
-        for t in self.k + self.v:
-            offsets.append(total)
-            total += -(-t.nbytes // backend.alignment) * backend.alignment
-        self.buffer = backend.alloc_buffer(total)
-        for t, offs in zip(self.k + self.v, offsets):
-            t.buffer, t.offset = self.buffer, offs
-        self.nbytes = total
-        self.pos = np.full(size, -1, dtype=np.int32)
-        self.seq = np.zeros((size, MAX_SEQ), dtype=bool)
-        self.shift = np.zeros(size, dtype=np.int32)   # pending RoPE shift of each cell's K (seq_add)
-        self.clear()
-
-    # -- slots ---------------------------------------------------------------------------------
-    def find_slot(self, ubatch: UBatch) -> Slot | None:
-        free = np.flatnonzero(self.pos < 0)
-        if len(free) < ubatch.n_tokens:
-            return None
-        cells = free[: ubatch.n_tokens].astype(np.int32)
-        pos, seq = self.pos.copy(), self.seq.copy()
-        pos[cells] = ubatch.pos
-        seq[cells, ubatch.seq_id] = True
-        used = np.flatnonzero(pos >= 0)
-        n_kv = min(self.size, -(-(int(used[-1]) + 1) // N_KV_PAD) * N_KV_PAD)
-        return Slot(cells, pos, seq, n_kv)
-
-    def commit(self, slot: Slot) -> None:
-        self.pos, self.seq = slot.pos, slot.seq
-
-    def mask(self, slot: Slot, ubatch: UBatch) -> np.ndarray:
-        """float32 [n_tokens, n_kv]: 0 where a token may attend to a cell, -inf elsewhere (causal, per seq)."""
-        pos, seq = slot.pos[: slot.n_kv], slot.seq[: slot.n_kv]
-        visible = seq[:, ubatch.seq_id].T & (pos[None, :] <= ubatch.pos[:, None]) & (pos[None, :] >= 0)
-        return np.where(visible, np.float32(0), np.float32(-np.inf))
-
-    # -- sequences -------------------------------------------------------------------------------
-    def _range(self, seq_id: int, p0: int, p1: int) -> np.ndarray:
-        p1 = np.iinfo(np.int32).max if p1 < 0 else p1
-        in_seq = self.seq.any(axis=1) if seq_id < 0 else self.seq[:, self._check_seq(seq_id)]
-        return in_seq & (self.pos >= max(p0, 0)) & (self.pos < p1)
-
-    @staticmethod
-    def _check_seq(seq_id: int) -> int:
-        if not 0 <= seq_id < MAX_SEQ:
-            raise GGFlowError(f"sequence id {seq_id} is out of range [0, {MAX_SEQ})")
-        return seq_id
-
-    def _free_empty(self) -> None:
-        empty = ~self.seq.any(axis=1)
-        self.pos[empty] = -1
-        self.shift[empty] = 0
-
     def clear(self) -> None:
-        self.pos[:] = -1
-        self.seq[:] = False
-        self.shift[:] = 0
-        for t in self.k + self.v:  # free cells are masked, but 0 * NaN would still poison V sums
-            self.backend.set_tensor(t, np.zeros(t.nrows * t.row_bytes, dtype=np.uint8)
-                                    if t.type.is_quantized else np.zeros(t.ne[::-1], dtype=np.float32))
+        """Forget every cell."""
 
+    @abstractmethod
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
-        """Forget positions [p0, p1) of a sequence (seq_id < 0: of every sequence)."""
-        sel = self._range(seq_id, p0, p1)
-        if seq_id < 0:
-            self.seq[sel] = False
-        else:
-            self.seq[sel, seq_id] = False
-        self._free_empty()
-        return True
+        """Forget positions [p0, p1) of a sequence (seq_id < 0: of every one; p1 < 0: to the end)."""
 
+    @abstractmethod
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
-        """Let sequence dst see src's cells in [p0, p1) (no copy: cells are shared)."""
-        self.seq[self._range(src, p0, p1), self._check_seq(dst)] = True
+        """Let sequence dst see src's cells in [p0, p1)."""
 
+    @abstractmethod
     def seq_keep(self, seq_id: int) -> None:
-        keep = self.seq[:, self._check_seq(seq_id)].copy()
-        self.seq[:] = False
-        self.seq[keep, seq_id] = True
-        self._free_empty()
+        """Forget every sequence but this one."""
 
+    @abstractmethod
     def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
-        """Shift positions [p0, p1) of a sequence by delta; K is re-rotated before the next decode."""
-        if self.hp.n_rot == 0:
-            raise GGFlowError("this model has no RoPE: its cached keys cannot be shifted to new positions")
-        sel = self._range(seq_id, p0, p1)
-        if delta == 0 or not sel.any():
-            return
-        if self.seq[sel].sum(axis=1).max() > 1:
-            raise GGFlowError("cannot shift cells shared with another sequence (seq_cp); remove the share first")
-        self.pos[sel] += delta
-        self.shift[sel] += delta
-        gone = sel & (self.pos < 0)
-        self.seq[gone] = False
-        self._free_empty()
+        """Move positions [p0, p1) of a sequence by delta (the data follows at the next ``update``)."""
 
-    def seq_pos_max(self, seq_id: int) -> int:
-        cells = self.seq[:, self._check_seq(seq_id)]
-        return int(self.pos[cells].max()) if cells.any() else -1
-
+    @abstractmethod
     def seq_pos_min(self, seq_id: int) -> int:
-        cells = self.seq[:, self._check_seq(seq_id)]
-        return int(self.pos[cells].min()) if cells.any() else -1
+        """The lowest position the sequence holds; -1 if none."""
+
+    @abstractmethod
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The highest position the sequence holds; -1 if none."""
 
     @property
+    @abstractmethod
     def n_used(self) -> int:
-        return int((self.pos >= 0).sum())
+        """Cells that hold a position."""
 
     @property
-    def has_shift(self) -> bool:
-        return bool(self.shift.any())
+    def n_free(self) -> int:
+        """Cells a batch can still be placed in."""
+        return self.size - self.n_used

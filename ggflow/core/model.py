@@ -3,9 +3,9 @@
 Weights are views into the memory map (no copy, no dequantization at load): each is a Tensor whose
 buffer is one HostBuffer over the whole mapped file, at the tensor's data offset. The header is read
 by ggflow.core.gguf_file (milliseconds, where gguf.GGUFReader takes seconds on a large vocabulary). The architecture is
-looked up in the plugin registry by ``general.architecture``; it reads its hyperparameters and says
-which tensors it needs with which shapes, so a file that lacks one, or has it misshapen, fails at load
-with the tensor's name and both shapes.
+looked up in the plugin registry by ``general.architecture``; it reads its hyperparameters and declares
+its weights as a record (ggflow.core.weights), which the loader checks the file against and fills with
+those views: a file that lacks a tensor, or has it misshapen, fails at load with its name and both shapes.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import numpy as np
 from ggflow.core.backend import HostBuffer
 from ggflow.core.gguf_file import GGUFFile
 from ggflow.core.tensor import Tensor, TensorFlag
+from ggflow.core.weights import load_weights
 from ggflow.errors import GGFlowError, ModelLoadError, UnknownNameError
 
 if TYPE_CHECKING:
@@ -83,9 +84,11 @@ class HParams:
 
 class Model:
     def __init__(self, path: str, file: GGUFFile, arch: "Architecture", hparams: HParams,
-                 weights: dict[str, Tensor], buffer: HostBuffer | None):
+                 weights: dict[str, Tensor], w: Any, buffer: HostBuffer | None):
         self.path, self.file, self.arch, self.hparams = path, file, arch, hparams
-        self.weights, self.buffer = weights, buffer
+        self.weights = weights    # every tensor in the file, by name
+        self.w = w                # the architecture's weight record: w.tok_embd, w.layers[il].wq, ...
+        self.buffer = buffer
         self.metadata = Metadata(file.fields, path)
         self._vocab = None
 
@@ -105,18 +108,8 @@ class Model:
         hparams = arch.load_hparams(meta)
         buffer = HostBuffer(file.data(), "cpu")
         weights = _map_weights(file, buffer)
-        _check_tensors(path, arch.tensor_shapes(hparams), weights)
-        return cls(path, file, arch, hparams, weights, buffer)
-
-    def weight(self, name: str) -> Tensor:
-        try:
-            return self.weights[name]
-        except KeyError:
-            raise ModelLoadError(f"{self.path}: tensor {name!r} is missing") from None
-
-    def get(self, name: str) -> Tensor | None:
-        """An optional weight (a bias some files have and some don't)."""
-        return self.weights.get(name)
+        w = load_weights(arch.weights, hparams, weights, path)
+        return cls(path, file, arch, hparams, weights, w, buffer)
 
     @property
     def vocab(self):
@@ -156,17 +149,3 @@ def _map_weights(file: GGUFFile, buffer: HostBuffer) -> dict[str, Tensor]:
         t.buffer, t.offset = buffer, info.offset
         weights[info.name] = t
     return weights
-
-
-def _check_tensors(path: str, expected: dict[str, tuple[tuple[int, ...], bool]],
-                   weights: dict[str, Tensor]) -> None:
-    """expected: name -> (ne, required). Names the first tensor that is missing or misshapen."""
-    for name, (ne, required) in expected.items():
-        t = weights.get(name)
-        if t is None:
-            if required:
-                raise ModelLoadError(f"{path}: tensor {name!r} is missing (expected shape {list(ne)})")
-            continue
-        if t.ne[: len(ne)] != tuple(ne) or any(n != 1 for n in t.ne[len(ne):]):
-            raise ModelLoadError(f"{path}: tensor {name!r} has shape {list(t.ne[:t.n_dims])}, "
-                                 f"expected {list(ne)}")

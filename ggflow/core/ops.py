@@ -5,6 +5,7 @@ inputs and raises ``ShapeError`` naming the op and the shapes when they don't fi
 """
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Sequence
 
 from ggflow.core.tensor import MAX_DIMS, Tensor, TensorFlag
@@ -15,16 +16,49 @@ from ggflow.errors import ShapeError
 ROPE_NORMAL = 0   # rotate adjacent pairs (x[2i], x[2i+1]): llama as GGUF stores its Q/K
 ROPE_NEOX = 2     # rotate halves (x[i], x[i + n_dims/2]): qwen2, gpt-neox
 
-# The ops every backend is asked about; views compute nothing but are listed so backends can say so.
-OPS = ("get_rows", "mul_mat", "add", "mul", "scale", "rms_norm", "norm", "rope", "soft_max",
-       "silu", "gelu", "view", "reshape", "permute", "cont", "cpy", "set_rows")  # transpose is a permute
+class Op(StrEnum):
+    """The op names a graph node carries (``Tensor.op``): what backends dispatch on.
+
+    A StrEnum, so a name compares equal to its string (``Op.ADD == "add"``) and a plugin's own op
+    can be any other string. ``transpose`` is a ``PERMUTE``.
+    """
+
+    NONE = "none"   # a leaf: a weight, a graph input, the KV cache
+    GET_ROWS = "get_rows"
+    MUL_MAT = "mul_mat"
+    ADD = "add"
+    MUL = "mul"
+    SCALE = "scale"
+    RMS_NORM = "rms_norm"
+    NORM = "norm"
+    ROPE = "rope"
+    SOFT_MAX = "soft_max"
+    SILU = "silu"
+    GELU = "gelu"
+    VIEW = "view"
+    RESHAPE = "reshape"
+    PERMUTE = "permute"
+    CONT = "cont"
+    CPY = "cpy"
+    SET_ROWS = "set_rows"
+
+    def __repr__(self) -> str:  # messages quote a node's op as the string it equals
+        return repr(self.value)
+
+
+# Views compute nothing: their memory is their source's, so a backend has nothing to run for them.
+PURE_VIEWS: frozenset[Op] = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE})
+
+# Views that write: the result is the destination's memory (src[0] for set_rows, src[1] for cpy), so
+# the backend that holds the destination must run them.
+IN_PLACE: frozenset[Op] = frozenset({Op.SET_ROWS, Op.CPY})
 
 
 def _shape(t: Tensor) -> str:
     return f"{t.name or t.op}{list(t.ne[: t.n_dims])}"
 
 
-def _fail(op: str, msg: str, *tensors: Tensor) -> ShapeError:
+def _fail(op: Op, msg: str, *tensors: Tensor) -> ShapeError:
     return ShapeError(f"{op}: {msg} ({', '.join(_shape(t) for t in tensors)})")
 
 
@@ -37,7 +71,7 @@ def new_input(type: "TypeTraits | str", ne: Sequence[int], name: str) -> Tensor:
     return Tensor(type, ne, name=name, flags=TensorFlag.INPUT)
 
 
-def _op(type: "TypeTraits | str", ne: Sequence[int], op: str, src: Sequence[Tensor], params=(),
+def _op(type: "TypeTraits | str", ne: Sequence[int], op: Op, src: Sequence[Tensor], params=(),
         name: str = "") -> Tensor:
     return Tensor(type, ne, op=op, op_params=params, src=src, name=name)
 
@@ -50,39 +84,39 @@ def _can_repeat(b: Tensor, a: Tensor) -> bool:
 # -- arithmetic ----------------------------------------------------------------------------------
 def add(a: Tensor, b: Tensor) -> Tensor:
     if not _can_repeat(b, a):
-        raise _fail("add", "b must repeat evenly over a", a, b)
-    return _op(a.type, a.ne, "add", (a, b))
+        raise _fail(Op.ADD, "b must repeat evenly over a", a, b)
+    return _op(a.type, a.ne, Op.ADD, (a, b))
 
 
 def mul(a: Tensor, b: Tensor) -> Tensor:
     if not _can_repeat(b, a):
-        raise _fail("mul", "b must repeat evenly over a", a, b)
-    return _op(a.type, a.ne, "mul", (a, b))
+        raise _fail(Op.MUL, "b must repeat evenly over a", a, b)
+    return _op(a.type, a.ne, Op.MUL, (a, b))
 
 
 def scale(a: Tensor, s: float, bias: float = 0.0) -> Tensor:
     """a * s + bias."""
-    return _op(a.type, a.ne, "scale", (a,), (float(s), float(bias)))
+    return _op(a.type, a.ne, Op.SCALE, (a,), (float(s), float(bias)))
 
 
 def silu(a: Tensor) -> Tensor:
-    return _op(a.type, a.ne, "silu", (a,))
+    return _op(a.type, a.ne, Op.SILU, (a,))
 
 
 def gelu(a: Tensor) -> Tensor:
     """GELU with the tanh approximation, as ggml_gelu computes it."""
-    return _op(a.type, a.ne, "gelu", (a,))
+    return _op(a.type, a.ne, Op.GELU, (a,))
 
 
 # -- normalization -------------------------------------------------------------------------------
 def rms_norm(a: Tensor, eps: float) -> Tensor:
     """x / sqrt(mean(x^2) + eps) over each row (ne[0])."""
-    return _op(a.type, a.ne, "rms_norm", (a,), (float(eps),))
+    return _op(a.type, a.ne, Op.RMS_NORM, (a,), (float(eps),))
 
 
 def norm(a: Tensor, eps: float) -> Tensor:
     """(x - mean) / sqrt(var + eps) over each row: LayerNorm without its affine part."""
-    return _op(a.type, a.ne, "norm", (a,), (float(eps),))
+    return _op(a.type, a.ne, Op.NORM, (a,), (float(eps),))
 
 
 def soft_max(a: Tensor, mask: Tensor | None = None, scale: float = 1.0) -> Tensor:
@@ -90,10 +124,10 @@ def soft_max(a: Tensor, mask: Tensor | None = None, scale: float = 1.0) -> Tenso
     if mask is not None:
         if mask.ne[0] != a.ne[0] or mask.ne[1] < a.ne[1] or not (
                 a.ne[2] % mask.ne[2] == 0 and a.ne[3] % mask.ne[3] == 0):
-            raise _fail("soft_max", "mask must be [ne0, >= ne1] and broadcast over dims 2, 3", a, mask)
+            raise _fail(Op.SOFT_MAX, "mask must be [ne0, >= ne1] and broadcast over dims 2, 3", a, mask)
         if mask.type.name not in ("F32", "F16"):
-            raise _fail("soft_max", f"mask must be F32 or F16, not {mask.type.name}", mask)
-    return _op("F32", a.ne, "soft_max", (a,) if mask is None else (a, mask), (float(scale),))
+            raise _fail(Op.SOFT_MAX, f"mask must be F32 or F16, not {mask.type.name}", mask)
+    return _op("F32", a.ne, Op.SOFT_MAX, (a,) if mask is None else (a, mask), (float(scale),))
 
 
 # -- matrix multiplication and lookup ------------------------------------------------------------
@@ -104,19 +138,19 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     heads share one K/V head).
     """
     if a.ne[0] != b.ne[0] or b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
-        raise _fail("mul_mat", "a and b need the same row length and a's dims 2, 3 must divide b's", a, b)
+        raise _fail(Op.MUL_MAT, "a and b need the same row length and a's dims 2, 3 must divide b's", a, b)
     if b.type.is_quantized:
-        raise _fail("mul_mat", f"b must be a float type, not {b.type.name}", b)
-    return _op("F32", (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), "mul_mat", (a, b))
+        raise _fail(Op.MUL_MAT, f"b must be a float type, not {b.type.name}", b)
+    return _op("F32", (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), Op.MUL_MAT, (a, b))
 
 
 def get_rows(a: Tensor, rows: Tensor) -> Tensor:
     """Gather rows of a (any type, e.g. a quantized embedding) by I32 ids: -> F32 [ne0, n, ...]."""
     if rows.type.name != "I32":
-        raise _fail("get_rows", f"row ids must be I32, not {rows.type.name}", rows)
+        raise _fail(Op.GET_ROWS, f"row ids must be I32, not {rows.type.name}", rows)
     if rows.ne[1] != a.ne[2] or rows.ne[2] != a.ne[3] or rows.ne[3] != 1:  # as ggml_get_rows
-        raise _fail("get_rows", "ids [n, B] must match a [ne0, rows, B]", a, rows)
-    return _op("F32", (a.ne[0], rows.ne[0], rows.ne[1], rows.ne[2]), "get_rows", (a, rows))
+        raise _fail(Op.GET_ROWS, "ids [n, B] must match a [ne0, rows, B]", a, rows)
+    return _op("F32", (a.ne[0], rows.ne[0], rows.ne[1], rows.ne[2]), Op.GET_ROWS, (a, rows))
 
 
 def set_rows(dst: Tensor, src: Tensor, rows: Tensor) -> Tensor:
@@ -125,24 +159,24 @@ def set_rows(dst: Tensor, src: Tensor, rows: Tensor) -> Tensor:
     Returns a view of dst: expand it into the graph so the write happens before dst is read.
     """
     if rows.type.name not in ("I32",):
-        raise _fail("set_rows", f"row ids must be I32, not {rows.type.name}", rows)
+        raise _fail(Op.SET_ROWS, f"row ids must be I32, not {rows.type.name}", rows)
     if src.ne[0] != dst.ne[0] or rows.ne[0] != src.ne[1] or src.ne[2] != 1 or src.ne[3] != 1:
-        raise _fail("set_rows", "src [ne0, n] must match dst [ne0, rows] and ids [n]", dst, src, rows)
+        raise _fail(Op.SET_ROWS, "src [ne0, n] must match dst [ne0, rows] and ids [n]", dst, src, rows)
     if src.type.is_quantized:
-        raise _fail("set_rows", f"src must be a float type, not {src.type.name}", src)
-    return Tensor(dst.type, dst.ne, dst.nb, op="set_rows", src=(dst, src, rows), view_src=dst)
+        raise _fail(Op.SET_ROWS, f"src must be a float type, not {src.type.name}", src)
+    return Tensor(dst.type, dst.ne, dst.nb, op=Op.SET_ROWS, src=(dst, src, rows), view_src=dst)
 
 
 def cpy(a: Tensor, b: Tensor) -> Tensor:
     """Copy a into b's memory, converting the type. Returns a view of b."""
     if a.nelements != b.nelements:
-        raise _fail("cpy", "a and b must have the same number of elements", a, b)
-    return Tensor(b.type, b.ne, b.nb, op="cpy", src=(a, b), view_src=b)
+        raise _fail(Op.CPY, "a and b must have the same number of elements", a, b)
+    return Tensor(b.type, b.ne, b.nb, op=Op.CPY, src=(a, b), view_src=b)
 
 
 def cont(a: Tensor) -> Tensor:
     """A contiguous copy of a (after permute/transpose)."""
-    return _op(a.type, a.ne, "cont", (a,))
+    return _op(a.type, a.ne, Op.CONT, (a,))
 
 
 # -- RoPE ----------------------------------------------------------------------------------------
@@ -155,34 +189,34 @@ def rope(a: Tensor, positions: Tensor, n_dims: int, mode: int = ROPE_NORMAL, *, 
     rope scaling) divide each pair's angle.
     """
     if positions.type.name != "I32" or positions.ne[0] != a.ne[2]:
-        raise _fail("rope", "positions must be I32 [n_tokens] with n_tokens = a.ne[2]", a, positions)
+        raise _fail(Op.ROPE, "positions must be I32 [n_tokens] with n_tokens = a.ne[2]", a, positions)
     if n_dims > a.ne[0] or n_dims % 2:
-        raise _fail("rope", f"n_dims={n_dims} must be even and <= head size", a)
+        raise _fail(Op.ROPE, f"n_dims={n_dims} must be even and <= head size", a)
     if mode not in (ROPE_NORMAL, ROPE_NEOX):
-        raise _fail("rope", f"mode {mode} is not supported (normal={ROPE_NORMAL}, neox={ROPE_NEOX})", a)
+        raise _fail(Op.ROPE, f"mode {mode} is not supported (normal={ROPE_NORMAL}, neox={ROPE_NEOX})", a)
     src = (a, positions) if freq_factors is None else (a, positions, freq_factors)
     if freq_factors is not None and freq_factors.ne[0] < n_dims // 2:
-        raise _fail("rope", "freq_factors needs n_dims/2 entries", freq_factors)
+        raise _fail(Op.ROPE, "freq_factors needs n_dims/2 entries", freq_factors)
     params = (int(n_dims), int(mode), int(n_ctx_orig), float(freq_base), float(freq_scale),
               float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow))
-    return _op(a.type, a.ne, "rope", src, params)
+    return _op(a.type, a.ne, Op.ROPE, src, params)
 
 
 # -- views ---------------------------------------------------------------------------------------
 def view(a: Tensor, ne: Sequence[int], nb: Sequence[int] | None = None, offset: int = 0) -> Tensor:
     """A view of a's memory with shape ne, byte strides nb (default: contiguous) at a byte offset."""
-    t = Tensor(a.type, ne, nb, op="view", src=(a,), view_src=a, view_offs=offset)
+    t = Tensor(a.type, ne, nb, op=Op.VIEW, src=(a,), view_src=a, view_offs=offset)
     if offset < 0 or offset + t.nbytes > a.nbytes:
-        raise _fail("view", f"offset {offset} + {t.nbytes} bytes exceeds the source's {a.nbytes}", a)
+        raise _fail(Op.VIEW, f"offset {offset} + {t.nbytes} bytes exceeds the source's {a.nbytes}", a)
     return t
 
 
 def reshape(a: Tensor, *ne: int) -> Tensor:
     if not a.is_contiguous():
-        raise _fail("reshape", "needs a contiguous tensor (use cont first)", a)
-    t = Tensor(a.type, ne, op="reshape", src=(a,), view_src=a)
+        raise _fail(Op.RESHAPE, "needs a contiguous tensor (use cont first)", a)
+    t = Tensor(a.type, ne, op=Op.RESHAPE, src=(a,), view_src=a)
     if t.nelements != a.nelements:
-        raise _fail("reshape", f"cannot reshape to {list(ne)}", a)
+        raise _fail(Op.RESHAPE, f"cannot reshape to {list(ne)}", a)
     return t
 
 
@@ -190,11 +224,11 @@ def permute(a: Tensor, ax0: int, ax1: int, ax2: int, ax3: int) -> Tensor:
     """ggml_permute: source axis i moves to position ax_i."""
     axes = (ax0, ax1, ax2, ax3)
     if sorted(axes) != list(range(MAX_DIMS)):
-        raise _fail("permute", f"axes {axes} must be a permutation of 0..3", a)
+        raise _fail(Op.PERMUTE, f"axes {axes} must be a permutation of 0..3", a)
     ne, nb = [0] * 4, [0] * 4
     for i, ax in enumerate(axes):
         ne[ax], nb[ax] = a.ne[i], a.nb[i]
-    return Tensor(a.type, ne, nb, op="permute", src=(a,), view_src=a, op_params=axes)
+    return Tensor(a.type, ne, nb, op=Op.PERMUTE, src=(a,), view_src=a, op_params=axes)
 
 
 def transpose(a: Tensor) -> Tensor:

@@ -3,21 +3,22 @@
 As in llama.cpp, a sampler works in place on a candidate array: some samplers reshape it (drop
 candidates, rescale logits, compute probabilities), a selecting sampler sets ``selected``. A chain
 applies its samplers in order; the token is ``ids[selected]``. Samplers are plugins: ``make_sampler``
-builds one by the name it was registered under.
+builds one by the name it was registered under, and a sampler's ``from_params`` builds it from
+``SamplingParams``.
 
-``SamplingParams`` bundles llama.cpp's sampling options with llama.cpp's defaults, and ``build_chain``
-turns them into the chain llama.cpp's ``common_sampler`` builds (see docs/sampling.md).
+The policy (``SamplingParams``, the default order, ``build_chain``) lives in core/sampling_params.py;
+this module re-exports those names (see docs/sampling.md).
 """
 from __future__ import annotations
 
 import inspect
-import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 import numpy as np
 
 from ggflow.errors import GGFlowError
+
 
 
 @dataclass
@@ -149,6 +150,9 @@ class Sampler(Protocol):
         """An independent copy with the same parameters and state."""
 
     # Optional: ``selects = True`` says the sampler picks the token (build_chain then adds no dist).
+    # Optional: a classmethod ``from_params(params, vocab_size, vocab) -> Sampler | None`` builds the
+    # sampler from SamplingParams (None where they switch it off); build_chain calls it for a stage
+    # named in ``params.samplers`` (or the default order). Without one, make_sampler(name) builds it.
 
 
 class SamplerChain:
@@ -280,140 +284,16 @@ class LogitsProcessorSampler(SamplerBase):
         return twin
 
 
-# -- SamplingParams and the default chain -----------------------------------------------------------
-
-# llama.cpp's default order (common_params_sampling.samplers); a selecting sampler follows.
-DEFAULT_SAMPLER_ORDER: tuple[str, ...] = (
-    "penalties", "dry", "top_n_sigma", "top_k", "typical", "top_p", "min_p", "xtc", "temperature")
-
-# llama.cpp's spellings of the stages (common_sampler_types_from_names) -> ours
-_STAGE_ALIASES = {
-    "typ_p": "typical", "typ": "typical", "typical_p": "typical", "nucleus": "top_p",
-    "temp": "temperature", "temp_ext": "temperature",
-}
+_POLICY_NAMES = ("SamplingParams", "build_chain", "DEFAULT_SAMPLER_ORDER")
 
 
-@dataclass
-class SamplingParams:
-    """llama.cpp's sampling options (common_params_sampling), with its defaults. See docs/sampling.md."""
-
-    temperature: float = 0.8          # <= 0: greedy
-    top_k: int = 40                   # <= 0: off
-    top_p: float = 0.95               # 1.0: off
-    min_p: float = 0.05               # 0.0: off
-    typical_p: float = 1.0            # 1.0: off
-    min_keep: int = 0                 # truncating samplers keep at least this many (0 and 1 alike)
-    dynatemp_range: float = 0.0       # 0.0: plain temperature; > 0: entropy-driven temp +/- range
-    dynatemp_exponent: float = 1.0
-    repeat_penalty: float = 1.0       # 1.0: off
-    repeat_last_n: int = 64           # history the penalties look at; 0: off
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    dry_multiplier: float = 0.0       # 0.0: DRY off
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = 64      # -1: the whole history
-    dry_sequence_breakers: Sequence[str | Sequence[int]] = ("\n", ":", "\"", "*")
-    xtc_probability: float = 0.0      # 0.0: off
-    xtc_threshold: float = 0.1        # > 0.5: off
-    top_n_sigma: float = -1.0         # <= 0: off
-    mirostat: int = 0                 # 0 off, 1 mirostat, 2 mirostat 2.0 (replace the truncation chain)
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    seed: int | None = None           # None (or -1, 0xFFFFFFFF as in llama.cpp): a random seed
-    logit_bias: Mapping[int, float] = field(default_factory=dict)
-    samplers: Sequence[str | tuple[str, Mapping[str, Any]]] | None = None  # stage order; None: the default
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0
-                and math.isfinite(1.0 / self.repeat_penalty)):
-            raise GGFlowError(f"repeat_penalty must be finite and greater than 0, got {self.repeat_penalty}")
-        for name in ("frequency_penalty", "presence_penalty", "temperature"):
-            if not math.isfinite(getattr(self, name)):
-                raise GGFlowError(f"{name} must be finite, got {getattr(self, name)}")
-        if self.mirostat not in (0, 1, 2):
-            raise GGFlowError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat}")
-
-
-def build_chain(params: SamplingParams | None = None, vocab_size: int | None = None,
-                vocab: Any = None) -> SamplerChain:
-    """The chain llama.cpp's common_sampler builds from these parameters.
-
-    logit_bias (if any), then either temp + mirostat / mirostat_v2, or the stages of
-    ``params.samplers`` (default: ``DEFAULT_SAMPLER_ORDER``) then dist. Temperature <= 0 makes the
-    chain greedy: the stages run, the temperature stage is dropped and ``greedy`` selects. Stages whose
-    parameters make them no-ops are left out (llama.cpp puts an empty placeholder there). Any other
-    name in ``params.samplers`` (or ``(name, {param: value})``) is built with ``make_sampler``; if the
-    last sampler built selects (``selects = True``) no dist is added. ``vocab`` is needed only to turn
-    DRY's sequence breakers given as strings into tokens.
-    """
-    p = params if params is not None else SamplingParams()
-    chain = SamplerChain()
-    if p.logit_bias:
-        chain.add(make_sampler("logit_bias", bias=dict(p.logit_bias), n_vocab=vocab_size))
-    greedy = p.temperature <= 0
-    if p.mirostat and not greedy:
-        chain.add(make_sampler("temp", t=p.temperature))
-        if p.mirostat == 1:
-            chain.add(make_sampler("mirostat", tau=p.mirostat_tau, eta=p.mirostat_eta, m=100,
-                                   n_vocab=vocab_size, seed=p.seed))
-        else:
-            chain.add(make_sampler("mirostat_v2", tau=p.mirostat_tau, eta=p.mirostat_eta, seed=p.seed))
-        return chain
-    for entry in (DEFAULT_SAMPLER_ORDER if p.samplers is None else p.samplers):
-        sampler = _stage(entry, p, vocab, greedy)
-        if sampler is not None:
-            chain.add(sampler)
-    if not (chain.samplers and getattr(chain.samplers[-1], "selects", False)):
-        chain.add(make_sampler("greedy") if greedy else make_sampler("dist", seed=p.seed))
-    return chain
-
-
-def _stage(entry: str | tuple[str, Mapping[str, Any]], p: SamplingParams, vocab: Any,
-           greedy: bool) -> Sampler | None:
-    """One stage of the chain from the parameters; None where the parameters switch it off."""
-    if not isinstance(entry, str):
-        name, kwargs = entry
-        return make_sampler(name, **dict(kwargs))
-    name = _STAGE_ALIASES.get(entry.lower().replace("-", "_"), entry.lower().replace("-", "_"))
-    keep = p.min_keep
-    if name == "penalties":
-        if p.repeat_last_n == 0 or (p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0
-                                    and p.presence_penalty == 0.0):
-            return None
-        return make_sampler("penalties", last_n=p.repeat_last_n, repeat=p.repeat_penalty,
-                            frequency=p.frequency_penalty, presence=p.presence_penalty)
-    if name == "dry":
-        if p.dry_multiplier == 0.0 or p.dry_base < 1.0 or p.dry_penalty_last_n == 0:
-            return None
-        return make_sampler("dry", multiplier=p.dry_multiplier, base=p.dry_base,
-                            allowed_length=p.dry_allowed_length, last_n=p.dry_penalty_last_n,
-                            sequence_breakers=list(p.dry_sequence_breakers), vocab=vocab)
-    if name == "top_n_sigma":
-        return make_sampler("top_n_sigma", n=p.top_n_sigma) if p.top_n_sigma > 0 else None
-    if name == "top_k":
-        return make_sampler("top_k", k=p.top_k) if p.top_k > 0 else None
-    if name == "typical":
-        return make_sampler("typical", p=p.typical_p, min_keep=keep) if p.typical_p < 1.0 else None
-    if name == "top_p":
-        return make_sampler("top_p", p=p.top_p, min_keep=keep) if p.top_p < 1.0 else None
-    if name == "min_p":
-        return make_sampler("min_p", p=p.min_p, min_keep=keep) if p.min_p > 0.0 else None
-    if name == "xtc":
-        if p.xtc_probability <= 0.0 or p.xtc_threshold > 0.5:
-            return None
-        return make_sampler("xtc", probability=p.xtc_probability, threshold=p.xtc_threshold,
-                            min_keep=keep, seed=p.seed)
-    if name == "temperature":
-        if greedy:
-            return None
-        return make_sampler("temp_ext", t=p.temperature, delta=p.dynatemp_range, exponent=p.dynatemp_exponent)
-    if name == "greedy":
-        return make_sampler("greedy")
-    if name == "dist":
-        return make_sampler("dist", seed=p.seed)
-    return make_sampler(entry)
+def __getattr__(name: str) -> Any:
+    # The policy imports this module, so its names are re-exported lazily (no import cycle).
+    if name in _POLICY_NAMES:
+        from ggflow.core import sampling_params
+        return getattr(sampling_params, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["TokenDataArray", "Sampler", "SamplerBase", "SamplerChain", "make_sampler", "LogitsProcessorSampler",
-           "SamplingParams", "build_chain", "DEFAULT_SAMPLER_ORDER"]
+           *_POLICY_NAMES]

@@ -20,10 +20,9 @@ import numpy as np
 from ggflow.core.alloc import NEVER, Lifetime, plan_offsets
 from ggflow.core.backend import Backend, Buffer
 from ggflow.core.graph import Graph
+from ggflow.core.ops import IN_PLACE
 from ggflow.core.tensor import MAX_DIMS, Tensor, TensorFlag
 from ggflow.errors import BackendError
-
-IN_PLACE_OPS = frozenset({"set_rows", "cpy"})
 
 
 @dataclass
@@ -79,7 +78,7 @@ class Scheduler:
             if node.view_src is not None:
                 owner = home.get(node.view_src.id)
                 if owner is not None:
-                    if node.op in IN_PLACE_OPS and not supported(owner, node):
+                    if node.op in IN_PLACE and not supported(owner, node):
                         raise BackendError(f"{node.op} writes into {node.view_src!r} on {owner.name}, "
                                            f"which does not support it")
                     home[node.id] = owner

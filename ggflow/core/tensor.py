@@ -34,9 +34,6 @@ class TensorFlag(enum.IntFlag):
 
 _ids = itertools.count()
 
-# Ops whose result is a view of src[0]'s memory (they compute nothing or write in place).
-VIEW_OPS = frozenset({"view", "reshape", "permute", "transpose", "set_rows", "cpy"})
-
 
 class Tensor:
     __slots__ = ("type", "ne", "nb", "op", "op_params", "src", "view_src", "view_offs",

@@ -14,7 +14,7 @@ Register = Callable[[Any], None]
 
 @hookspec
 def register_architectures(register: Register) -> None:
-    """Register model architectures: objects with ``names``, ``load_hparams``, ``tensor_map``, ``build_graph``."""
+    """Register model architectures: ggflow.core.arch.Architecture instances (``names``, ``weights``, ``build_graph``)."""
 
 
 @hookspec

@@ -5,7 +5,7 @@ themselves quantized against one or two fp16 super-block scales. Q8_K is the act
 format the others are dotted with (their ``vec_dot_type``).
 
 Decoders are vectorized numpy over all blocks; encoders are ggml's ``quantize_row_q*_K_ref``
-in numba (``_kquant_kernels``), including its scale searches, so the bytes match ggml's.
+in numba (``_kquant_encoders``), including its scale searches, so the bytes match ggml's.
 Block layouts and the exactness details are in docs/quantization.md ("K-quants").
 """
 from __future__ import annotations
@@ -135,13 +135,13 @@ def _encoder(name: str, type_size: int) -> Callable[[np.ndarray], np.ndarray]:
         require_finite(blocks, name)
         out = np.empty((blocks.shape[0], type_size), np.uint8)
         from numba import get_num_threads  # numba loads (and compiles) on first use, not at plugin load
-        from ggflow.quant_builtin import _kquant_kernels as kernels
+        from ggflow.quant_builtin import _kquant_encoders as encoders
         n_blocks = blocks.shape[0]
         n_chunks = min(get_num_threads(), n_blocks // MIN_BLOCKS_PER_THREAD)
         if n_chunks > 1:
-            getattr(kernels, f"quantize_{name.lower()}_parallel")(blocks, out, n_chunks)
+            getattr(encoders, f"quantize_{name.lower()}_parallel")(blocks, out, n_chunks)
         else:
-            getattr(kernels, f"quantize_{name.lower()}")(blocks, out, 0, n_blocks)
+            getattr(encoders, f"quantize_{name.lower()}")(blocks, out, 0, n_blocks)
         return out
     from_float.__name__ = f"quantize_{name.lower()}"
     return from_float

@@ -1,10 +1,15 @@
 """The selecting samplers: greedy (argmax) and dist (draw from the softmax with a seeded RNG)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from ggflow.core.sampling import SamplerBase, TokenDataArray
 from ggflow.samplers_builtin.rng import MT19937
+
+if TYPE_CHECKING:
+    from ggflow.core.sampling_params import SamplingParams
 
 
 class Greedy(SamplerBase):
@@ -27,6 +32,11 @@ class Dist(SamplerBase):
 
     name = "dist"
     selects = True
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "Dist | None":
+        return cls(seed=params.seed)
 
     def __init__(self, seed: int | None = None):
         self.seed = seed

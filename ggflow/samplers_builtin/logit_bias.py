@@ -1,18 +1,26 @@
 """logit_bias: add a fixed amount to chosen tokens' logits (-inf bans a token)."""
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
 from ggflow.core.sampling import SamplerBase, TokenDataArray
 from ggflow.errors import GGFlowError
 
+if TYPE_CHECKING:
+    from ggflow.core.sampling_params import SamplingParams
+
 
 class LogitBias(SamplerBase):
     """``bias``: {token id: amount} or (token id, amount) pairs; amounts for one token add up."""
 
     name = "logit_bias"
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "LogitBias | None":
+        return cls(bias=dict(params.logit_bias), n_vocab=vocab_size) if params.logit_bias else None
 
     def __init__(self, bias: Mapping[int, float] | Iterable[tuple[int, float]], n_vocab: int | None = None):
         pairs = list(bias.items()) if isinstance(bias, Mapping) else [tuple(p) for p in bias]

@@ -5,10 +5,15 @@ std::mt19937 as llama.cpp does, and move mu by eta * (tau - observed surprise) a
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from ggflow.core.sampling import SamplerBase, TokenDataArray
 from ggflow.samplers_builtin.rng import MT19937
+
+if TYPE_CHECKING:
+    from ggflow.core.sampling_params import SamplingParams
 
 _F = np.float32
 
@@ -46,6 +51,11 @@ class Mirostat(_Mirostat):
 
     name = "mirostat"
 
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "Mirostat | None":
+        return cls(tau=params.mirostat_tau, eta=params.mirostat_eta, n_vocab=vocab_size, seed=params.seed)
+
     def __init__(self, tau: float = 5.0, eta: float = 0.1, m: int = 100, n_vocab: int | None = None,
                  seed: int | None = None):
         super().__init__(tau, eta, seed)
@@ -81,6 +91,11 @@ class MirostatV2(_Mirostat):
     """Mirostat 2: keep the candidates whose surprise is at most mu (at least the best one)."""
 
     name = "mirostat_v2"
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "MirostatV2 | None":
+        return cls(tau=params.mirostat_tau, eta=params.mirostat_eta, seed=params.seed)
 
     def __init__(self, tau: float = 5.0, eta: float = 0.1, seed: int | None = None):
         super().__init__(tau, eta, seed)

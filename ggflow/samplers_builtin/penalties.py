@@ -4,13 +4,16 @@ from __future__ import annotations
 import math
 import weakref
 from collections import deque
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from numba import njit
 
 from ggflow.core.sampling import SamplerBase, TokenDataArray
 from ggflow.errors import GGFlowError
+
+if TYPE_CHECKING:
+    from ggflow.core.sampling_params import SamplingParams
 
 
 class _History(SamplerBase):
@@ -44,6 +47,15 @@ class Penalties(_History):
     it is <= 0), then lowered by ``frequency`` per occurrence and by ``presence`` once."""
 
     name = "penalties"
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "Penalties | None":
+        off = params.repeat_penalty == 1.0 and params.frequency_penalty == 0.0 and params.presence_penalty == 0.0
+        if params.repeat_last_n == 0 or off:
+            return None
+        return cls(last_n=params.repeat_last_n, repeat=params.repeat_penalty, frequency=params.frequency_penalty,
+                   presence=params.presence_penalty)
 
     def __init__(self, last_n: int = 64, repeat: float = 1.0, frequency: float = 0.0, presence: float = 0.0):
         if not (math.isfinite(repeat) and repeat > 0 and math.isfinite(1.0 / repeat)):
@@ -218,6 +230,14 @@ class Dry(_History):
     """
 
     name = "dry"
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "Dry | None":
+        if params.dry_multiplier == 0.0 or params.dry_base < 1.0 or params.dry_penalty_last_n == 0:
+            return None
+        return cls(multiplier=params.dry_multiplier, base=params.dry_base, allowed_length=params.dry_allowed_length,
+                   last_n=params.dry_penalty_last_n, sequence_breakers=list(params.dry_sequence_breakers), vocab=vocab)
 
     def __init__(self, multiplier: float = 0.0, base: float = 1.75, allowed_length: int = 2, last_n: int = 64,
                  sequence_breakers: Sequence[str | Sequence[int]] = (), vocab: Any = None):

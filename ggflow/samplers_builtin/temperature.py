@@ -1,9 +1,14 @@
 """Temperature: temp (logits / t) and temp_ext (dynamic temperature from the entropy, "dynatemp")."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from ggflow.core.sampling import SamplerBase, TokenDataArray
+
+if TYPE_CHECKING:
+    from ggflow.core.sampling_params import SamplingParams
 
 
 def scale_by_temperature(cur: TokenDataArray, t: float) -> None:
@@ -22,6 +27,11 @@ def scale_by_temperature(cur: TokenDataArray, t: float) -> None:
 class Temp(SamplerBase):
     name = "temp"
 
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "Temp | None":
+        return cls(t=params.temperature)
+
     def __init__(self, t: float):
         self.t = float(t)
 
@@ -34,6 +44,13 @@ class TempExt(SamplerBase):
     of the candidates: t_dyn = t_min + (t_max - t_min) * (H / log n) ** exponent. Otherwise plain temp."""
 
     name = "temp_ext"
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "TempExt | None":
+        if params.greedy:  # greedy selects the top token: a temperature changes nothing
+            return None
+        return cls(t=params.temperature, delta=params.dynatemp_range, exponent=params.dynatemp_exponent)
 
     def __init__(self, t: float, delta: float = 0.0, exponent: float = 1.0):
         self.t, self.delta, self.exponent = float(t), float(delta), float(exponent)

@@ -6,10 +6,15 @@ sort a few hundred of the best candidates first and look further only when those
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from ggflow.core.sampling import SamplerBase, TokenDataArray
 from ggflow.samplers_builtin.rng import MT19937
+
+if TYPE_CHECKING:
+    from ggflow.core.sampling_params import SamplingParams
 
 _FIRST_TRY = 256      # candidates sorted before looking further
 _LARGE = 1024         # below this many candidates, sort them all at once (as llama.cpp does)
@@ -44,6 +49,11 @@ class TopK(SamplerBase):
 
     name = "top_k"
 
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "TopK | None":
+        return cls(k=params.top_k) if params.top_k > 0 else None
+
     def __init__(self, k: int):
         self.k = int(k)
 
@@ -56,6 +66,11 @@ class TopP(SamplerBase):
     """Nucleus: the most probable candidates whose probabilities add up to at least p (p >= 1: off)."""
 
     name = "top_p"
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "TopP | None":
+        return cls(p=params.top_p, min_keep=params.min_keep) if params.top_p < 1.0 else None
 
     def __init__(self, p: float, min_keep: int = 1):
         self.p, self.min_keep = float(p), int(min_keep)
@@ -72,6 +87,11 @@ class MinP(SamplerBase):
     """Candidates whose probability is at least p times the top one's: logit >= max + log(p)."""
 
     name = "min_p"
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "MinP | None":
+        return cls(p=params.min_p, min_keep=params.min_keep) if params.min_p > 0.0 else None
 
     def __init__(self, p: float, min_keep: int = 1):
         self.p, self.min_keep = float(p), int(min_keep)
@@ -96,6 +116,11 @@ class Typical(SamplerBase):
 
     name = "typical"
 
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "Typical | None":
+        return cls(p=params.typical_p, min_keep=params.min_keep) if params.typical_p < 1.0 else None
+
     def __init__(self, p: float, min_keep: int = 1):
         self.p, self.min_keep = float(p), int(min_keep)
 
@@ -114,6 +139,11 @@ class TopNSigma(SamplerBase):
     """Masks (logit -> -inf) candidates more than n standard deviations of the logits below the max."""
 
     name = "top_n_sigma"
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "TopNSigma | None":
+        return cls(n=params.top_n_sigma) if params.top_n_sigma > 0 else None
 
     def __init__(self, n: float):
         self.n = float(n)
@@ -140,6 +170,14 @@ class XTC(SamplerBase):
     probability except the least likely of them (nothing happens if fewer than two reach it)."""
 
     name = "xtc"
+
+    @classmethod
+    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
+                    vocab: Any = None) -> "XTC | None":
+        if params.xtc_probability <= 0.0 or params.xtc_threshold > 0.5:
+            return None
+        return cls(probability=params.xtc_probability, threshold=params.xtc_threshold, min_keep=params.min_keep,
+                   seed=params.seed)
 
     def __init__(self, probability: float, threshold: float = 0.1, min_keep: int = 1, seed: int | None = None):
         self.probability, self.threshold = float(probability), float(threshold)

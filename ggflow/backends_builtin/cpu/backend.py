@@ -9,15 +9,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable, ClassVar, Mapping, Sequence
 
-from ggflow.core.backend import Backend, HostBuffer
+from ggflow.core.backend import Backend, BackendOptions, HostBuffer
+from ggflow.core.ops import PURE_VIEWS, Op
 from ggflow.core.tensor import Tensor
 from ggflow.errors import BackendError
 
 Kernel = Callable[[], None]
 Binder = Callable[..., Kernel]
-
-# Views compute nothing: their memory is their source's. (set_rows and cpy are views that write.)
-NOTHING_TO_RUN = frozenset({"view", "reshape", "permute", "transpose"})
 
 
 class CPUPlan:
@@ -46,14 +44,13 @@ class CPUPlan:
 
 class CPUBackend(Backend):
     name: ClassVar[str] = "cpu"
-    priority: ClassVar[int] = 0
     description: ClassVar[str] = "numba and numpy kernels on the host; runs every op (the fallback)"
 
-    def __init__(self, n_threads: int | None = None):
-        """n_threads: numba threads for the parallel kernels (None: numba's default, all cores)."""
+    def __init__(self, options: BackendOptions = BackendOptions()):
+        """options.n_threads: numba threads for the parallel kernels (None: numba's default, all cores)."""
+        super().__init__(options)
+        n_threads = options.n_threads
         if n_threads is not None:
-            if n_threads < 1:
-                raise BackendError(f"cpu backend: n_threads must be at least 1, got {n_threads}")
             import numba
             n_threads = min(int(n_threads), numba.config.NUMBA_NUM_THREADS)
         self.n_threads = n_threads
@@ -79,10 +76,10 @@ class CPUBackend(Backend):
     def compile(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> CPUPlan:
         from ggflow.backends_builtin.cpu.arrays import TensorArrays
         arrays = TensorArrays(substitutes)
-        binders = {**_kernel_binders(), "mul_mat": partial(_mul_mat_binder(), weights=self.packed_weights)}
+        binders = {**_kernel_binders(), Op.MUL_MAT: partial(_mul_mat_binder(), weights=self.packed_weights)}
         kernels = []
         for node in nodes:
-            if node.op in NOTHING_TO_RUN or node.nelements == 0:
+            if node.op in PURE_VIEWS or node.nelements == 0:
                 continue
             bind = binders.get(node.op)
             if bind is None:
@@ -95,23 +92,23 @@ class CPUBackend(Backend):
         self.compile(nodes, substitutes)()
 
 
-def _kernel_binders() -> dict[str, Binder]:
+def _kernel_binders() -> dict[Op, Binder]:
     from ggflow.backends_builtin.cpu import (
-        kernels_copy, kernels_elementwise, kernels_norm, kernels_rope, kernels_softmax)
+        kernels_rows, kernels_elementwise, kernels_norm, kernels_rope, kernels_softmax)
     return {
-        "add": kernels_elementwise.bind_add,
-        "mul": kernels_elementwise.bind_mul,
-        "scale": kernels_elementwise.bind_scale,
-        "silu": kernels_elementwise.bind_silu,
-        "gelu": kernels_elementwise.bind_gelu,
-        "rms_norm": kernels_norm.bind_rms_norm,
-        "norm": kernels_norm.bind_norm,
-        "rope": kernels_rope.bind_rope,
-        "soft_max": kernels_softmax.bind_soft_max,
-        "get_rows": kernels_copy.bind_get_rows,
-        "set_rows": kernels_copy.bind_set_rows,
-        "cpy": kernels_copy.bind_cpy,
-        "cont": kernels_copy.bind_cont,
+        Op.ADD: kernels_elementwise.bind_add,
+        Op.MUL: kernels_elementwise.bind_mul,
+        Op.SCALE: kernels_elementwise.bind_scale,
+        Op.SILU: kernels_elementwise.bind_silu,
+        Op.GELU: kernels_elementwise.bind_gelu,
+        Op.RMS_NORM: kernels_norm.bind_rms_norm,
+        Op.NORM: kernels_norm.bind_norm,
+        Op.ROPE: kernels_rope.bind_rope,
+        Op.SOFT_MAX: kernels_softmax.bind_soft_max,
+        Op.GET_ROWS: kernels_rows.bind_get_rows,
+        Op.SET_ROWS: kernels_rows.bind_set_rows,
+        Op.CPY: kernels_rows.bind_cpy,
+        Op.CONT: kernels_rows.bind_cont,
     }
 
 

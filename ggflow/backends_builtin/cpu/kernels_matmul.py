@@ -16,9 +16,9 @@ Q8_0/Q8_K/... for quantized a), so an F16 K cache times F32 queries gives what g
 to summation order.
 - a weight of a type with no packed kernel: a turned into float32 (a blocked type through its to_float: a
   quant type with no kernel still runs, slowly), numpy's matmul (BLAS) over chunks of ROWS_PER_GEMM rows.
-- anything else (the K and V views of the cache in attention): kernels_attention's kernel, which reads F32
-  and F16 where they lie and adds each output's products in one fixed order (other types are converted to
-  float32 first).
+- anything else (the K and V views of the cache in attention): kernels_fixed_order_matmul's kernel, which
+  reads F32 and F16 where they lie and adds each output's products in one fixed order (other types are
+  converted to float32 first).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ggflow.backends_builtin.cpu import kernels_attention as attention
+from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order
 from ggflow.backends_builtin.cpu.arrays import F32, TensorArrays, from_f32, to_f32
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.core.types import TypeTraits, type_traits
@@ -42,7 +42,7 @@ Kernel = Callable[[], None]
 # token by token gives what one batch gives, as in ggml. That matters where activations are quantized
 # next (Q8_0 before a quantized matmul): a last-bit difference can flip a rounding and move logits by
 # 1e-2. Attention does not take this path: padding a decode step's single query row to 16 would multiply
-# its work by 16 (kernels_attention has a fixed summation order instead).
+# its work by 16 (kernels_fixed_order_matmul has a fixed summation order instead).
 ROWS_PER_GEMM = 16
 QUANT_MATMUL_MODULE = "ggflow.backends_builtin.cpu.quant_matmul"
 
@@ -152,7 +152,7 @@ def _bind_weight_gemm(node: Tensor, arrays: TensorArrays) -> Kernel:
 
 
 def _bind_fixed_order(node: Tensor, arrays: TensorArrays) -> Kernel:
-    """State that changes between computes (K and V views of the cache): kernels_attention's kernel.
+    """State that changes between computes (K and V views of the cache): kernels_fixed_order_matmul's kernel.
 
     F32 and F16 operands are read where they lie (the views are bound once; their contents change);
     other types are converted to float32 on each run, x rounded to a's vec_dot_type (Q8_0, ...) here.
@@ -160,19 +160,19 @@ def _bind_fixed_order(node: Tensor, arrays: TensorArrays) -> Kernel:
     a, b = node.src
     a_view, b_view, out = arrays.view(a), arrays.view(b), arrays.view(node)
     k, m, n_rows = a.ne[0], a.ne[1], b.ne[1] * b.ne[2] * b.ne[3]
-    parallel = n_rows * m * k >= attention.PARALLEL_MIN_MACS
-    kernel = attention.mul_mat_fixed_order_parallel if parallel else attention.mul_mat_fixed_order_serial
+    parallel = n_rows * m * k >= fixed_order.PARALLEL_MIN_MACS
+    kernel = fixed_order.mul_mat_fixed_order_parallel if parallel else fixed_order.mul_mat_fixed_order_serial
     a_shape = (a.ne[3], a.ne[2], m, k)                              # a_view's rows are bytes if quantized
-    tasks = attention.n_tasks(a_shape, b_view.shape)
+    tasks = fixed_order.n_tasks(a_shape, b_view.shape)
     a_native, x_native = _native_operand(a_view, a.type), _native_operand(b_view, b.type)
-    a_memory = attention.as_memory(a_native) if a_native is not None else None
+    a_memory = fixed_order.as_memory(a_native) if a_native is not None else None
     round_x = vec_dot_rounding(a.type, k)
     x_in_place = x_native is not None and a.type.vec_dot_type in ("F32", "F16")
     round_x_to_f16 = x_in_place and a.type.vec_dot_type == "F16"
     target = out if out.dtype == F32 and out.strides[-1] == F32.itemsize else np.empty(out.shape, F32)
 
     def run() -> None:
-        a_data, a_step = a_memory if a_memory is not None else attention.as_memory(to_f32(a_view, a.type))
+        a_data, a_step = a_memory if a_memory is not None else fixed_order.as_memory(to_f32(a_view, a.type))
         x = x_native if x_in_place else round_x(to_f32(b_view, b.type))
         kernel(a_data, a_shape, a_step, x, target, round_x_to_f16, tasks)
         if target is not out:

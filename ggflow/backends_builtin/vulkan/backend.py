@@ -4,48 +4,47 @@ compile() turns a split's nodes into dispatches once (kernels.py, dispatch.py) a
 command buffer (plan.py); every reuse of the graph replays it with one submit. Ops, types or layouts the
 shaders don't cover are refused in supports_op, so the scheduler runs those nodes on the CPU.
 
-Priority: a real GPU outranks the CPU backend; a CPU driver (lavapipe) gets a negative priority, which
-backend="auto" skips, since it is slower than the CPU backend. It still runs when asked for by name.
+Priority (per instance, from the device found): a real GPU outranks the CPU backend; a CPU driver
+(lavapipe) gets a negative priority, which backend="auto" skips, since it is slower than the CPU
+backend. It still runs when asked for by name.
 """
 from __future__ import annotations
 
-from abc import ABCMeta
 from typing import ClassVar, Mapping, Sequence
 
 from ggflow.backends_builtin.vulkan.buffers import DeviceBuffer
-from ggflow.backends_builtin.vulkan.device import VulkanDevice, VulkanUnavailable, device_if_available, get_device
+from ggflow.backends_builtin.vulkan.device import VulkanDevice, VulkanUnavailable, get_device
 from ggflow.backends_builtin.vulkan.dispatch import fit
 from ggflow.backends_builtin.vulkan.kernels import BuildContext, OpKernel, addressable, all_kernels, row_fits
 from ggflow.backends_builtin.vulkan.pipelines import pipelines_for
 from ggflow.backends_builtin.vulkan.plan import VulkanPlan
-from ggflow.core.backend import Availability, Backend
+from ggflow.core.backend import Availability, Backend, BackendOptions
+from ggflow.core.ops import PURE_VIEWS
 from ggflow.core.tensor import Tensor
 from ggflow.errors import BackendError
 
 GPU_PRIORITY = 100
 CPU_DRIVER_PRIORITY = -1
-NOTHING_TO_RUN = frozenset({"view", "reshape", "permute", "transpose"})
 
 
-class _DevicePriority(ABCMeta):
-    """Makes ``VulkanBackend.priority`` depend on the device found, as make_backends reads it off the class."""
-
-    @property
-    def priority(cls) -> int:
-        device = device_if_available()
-        return GPU_PRIORITY if device is not None and device.info.is_gpu else CPU_DRIVER_PRIORITY
+def device_priority(device: VulkanDevice) -> int:
+    """Above the CPU backend on a GPU; below it (left out by backend="auto") on a CPU driver."""
+    return GPU_PRIORITY if device.info.is_gpu else CPU_DRIVER_PRIORITY
 
 
-class VulkanBackend(Backend, metaclass=_DevicePriority):
+class VulkanBackend(Backend):
     name: ClassVar[str] = "vulkan"
     alignment: ClassVar[int] = 256   # the largest minStorageBufferOffsetAlignment Vulkan allows
     description: ClassVar[str] = "Vulkan compute shaders (GPUs; Mesa's lavapipe on CPUs)"
+    priority: int = GPU_PRIORITY     # an instance on a CPU driver lowers its own (device_priority)
 
-    def __init__(self) -> None:
+    def __init__(self, options: BackendOptions = BackendOptions()) -> None:
+        super().__init__(options)
         try:
             self.device: VulkanDevice = get_device()
         except VulkanUnavailable as exc:
             raise BackendError(f"the vulkan backend is not available: {exc}") from None
+        self.priority = device_priority(self.device)
         self.pipelines = pipelines_for(self.device)
         self.kernels: dict[str, OpKernel] = all_kernels()
         self._scratch: DeviceBuffer | None = None
@@ -71,7 +70,7 @@ class VulkanBackend(Backend, metaclass=_DevicePriority):
 
     # -- ops -------------------------------------------------------------------------------------------
     def supports_op(self, node: Tensor) -> bool:
-        if node.op in NOTHING_TO_RUN or node.nelements == 0:
+        if node.op in PURE_VIEWS or node.nelements == 0:
             return True
         kernel = self.kernels.get(node.op)
         limits = self.device.limits
@@ -80,7 +79,7 @@ class VulkanBackend(Backend, metaclass=_DevicePriority):
         return kernel.supports(node, limits)
 
     def compile(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> VulkanPlan:
-        runnable = [n for n in nodes if n.op not in NOTHING_TO_RUN and n.nelements > 0]
+        runnable = [n for n in nodes if n.op not in PURE_VIEWS and n.nelements > 0]
         for node in runnable:
             if not self.supports_op(node):
                 raise BackendError(f"the vulkan backend cannot run {node!r} (op {node.op!r}, "

@@ -1,6 +1,6 @@
 """The op table: for each op the Vulkan backend runs, whether it can run a node and how to launch it.
 
-An op module (ops_*.py) exports ``KERNELS = {op name: OpKernel(...)}``. ``supports`` looks at types,
+An op module (ops_*.py) exports ``KERNELS = {Op.NAME: OpKernel(...)}``. ``supports`` looks at types,
 shapes and strides only (the scheduler asks before memory is allocated); ``build`` turns a node with
 memory into ``Work`` (dispatch.py fits it to the device). A node whose op is absent, or whose
 ``supports`` says no, runs on another backend (the CPU), so an op is added here only once it is right.

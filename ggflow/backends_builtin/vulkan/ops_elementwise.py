@@ -13,6 +13,7 @@ import numpy as np
 
 from ggflow.backends_builtin.vulkan.dispatch import Box, Work, box_origin, repeat_of, row_groups, same
 from ggflow.backends_builtin.vulkan.kernels import FLOAT_TYPES, BuildContext, OpKernel, addressable, float_suffix
+from ggflow.core.ops import Op
 from ggflow.core.tensor import Tensor
 
 ROW_THREADS = 256
@@ -49,7 +50,7 @@ def supports_unary(node: Tensor, limits) -> bool:
 def build_unary(node: Tensor, ctx: BuildContext) -> list[Work]:
     (src,) = node.src
     a, d = ctx.operand(src), ctx.operand(node)
-    params = [np.float32(p) for p in node.op_params] if node.op == "scale" else [np.float32(0), np.float32(0)]
+    params = [np.float32(p) for p in node.op_params] if node.op == Op.SCALE else [np.float32(0), np.float32(0)]
     name = f"unary_{node.op}_{float_suffix(src)}_{float_suffix(node)}"
 
     def push(box: Box, offs: list[int]) -> list:
@@ -58,9 +59,9 @@ def build_unary(node: Tensor, ctx: BuildContext) -> list[Work]:
 
 
 KERNELS = {
-    "add": OpKernel(supports_binary, build_binary),
-    "mul": OpKernel(supports_binary, build_binary),
-    "scale": OpKernel(supports_unary, build_unary),
-    "silu": OpKernel(supports_unary, build_unary),
-    "gelu": OpKernel(supports_unary, build_unary),
+    Op.ADD: OpKernel(supports_binary, build_binary),
+    Op.MUL: OpKernel(supports_binary, build_binary),
+    Op.SCALE: OpKernel(supports_unary, build_unary),
+    Op.SILU: OpKernel(supports_unary, build_unary),
+    Op.GELU: OpKernel(supports_unary, build_unary),
 }

@@ -20,6 +20,7 @@ from __future__ import annotations
 from ggflow.backends_builtin.vulkan.dispatch import (
     Box, Operand, Work, box_origin, extent, row_groups, same)
 from ggflow.backends_builtin.vulkan.kernels import WEIGHT_TYPES, BuildContext, OpKernel, addressable
+from ggflow.core.ops import Op
 from ggflow.core.tensor import Tensor, contiguous_strides
 from ggflow.core.types import type_traits
 
@@ -140,4 +141,4 @@ def matmul_work(a_t: Tensor, a: Operand, b: Operand, d: Operand, delta: Operand 
     return Work(ctx.pipeline(f"{kernel}_{a_t.type.name.lower()}"), operands, maps, d.full(), groups, push, step)
 
 
-KERNELS = {"mul_mat": OpKernel(supports_mul_mat, build_mul_mat, scratch_bytes)}
+KERNELS = {Op.MUL_MAT: OpKernel(supports_mul_mat, build_mul_mat, scratch_bytes)}

@@ -9,6 +9,7 @@ import numpy as np
 
 from ggflow.backends_builtin.vulkan.dispatch import Box, Work, box_origin, broadcast_range, row_groups, same
 from ggflow.backends_builtin.vulkan.kernels import BuildContext, OpKernel, addressable
+from ggflow.core.ops import Op
 from ggflow.core.tensor import Tensor
 
 
@@ -21,7 +22,7 @@ def supports_norm(node: Tensor, limits) -> bool:
 def build_norm(node: Tensor, ctx: BuildContext) -> list[Work]:
     a, d = ctx.operand(node.src[0]), ctx.operand(node)
     eps = np.float32(node.op_params[0])
-    name = "norm_rms" if node.op == "rms_norm" else "norm_layer"
+    name = "norm_rms" if node.op == Op.RMS_NORM else "norm_layer"
 
     def push(box: Box, offs: list[int]) -> list:
         return [d.ne[0], *box_origin(box), offs[0], *a.strides(), offs[1], *d.strides(), eps]
@@ -57,7 +58,7 @@ def build_soft_max(node: Tensor, ctx: BuildContext) -> list[Work]:
 
 
 KERNELS = {
-    "rms_norm": OpKernel(supports_norm, build_norm),
-    "norm": OpKernel(supports_norm, build_norm),
-    "soft_max": OpKernel(supports_soft_max, build_soft_max),
+    Op.RMS_NORM: OpKernel(supports_norm, build_norm),
+    Op.NORM: OpKernel(supports_norm, build_norm),
+    Op.SOFT_MAX: OpKernel(supports_soft_max, build_soft_max),
 }

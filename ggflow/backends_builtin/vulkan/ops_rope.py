@@ -10,7 +10,7 @@ import numpy as np
 
 from ggflow.backends_builtin.vulkan.dispatch import Box, Work, box_origin, row_groups, same
 from ggflow.backends_builtin.vulkan.kernels import FLOAT_TYPES, BuildContext, OpKernel, addressable, float_suffix
-from ggflow.core.ops import ROPE_NEOX
+from ggflow.core.ops import ROPE_NEOX, Op
 from ggflow.core.tensor import Tensor
 
 F32 = np.float32
@@ -68,4 +68,4 @@ def build_rope(node: Tensor, ctx: BuildContext) -> list[Work]:
                  row_groups(1), push)]
 
 
-KERNELS = {"rope": OpKernel(supports_rope, build_rope)}
+KERNELS = {Op.ROPE: OpKernel(supports_rope, build_rope)}

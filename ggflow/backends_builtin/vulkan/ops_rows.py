@@ -14,6 +14,7 @@ from dataclasses import replace
 from ggflow.backends_builtin.vulkan.dispatch import Box, Operand, Work, box_origin, row_groups, same, whole
 from ggflow.backends_builtin.vulkan.kernels import (
     FLOAT_TYPES, WEIGHT_TYPES, BuildContext, OpKernel, addressable, float_suffix)
+from ggflow.core.ops import Op
 from ggflow.core.tensor import Tensor
 from ggflow.core.types import type_traits
 
@@ -144,8 +145,8 @@ def build_copy(node: Tensor, ctx: BuildContext) -> list[Work]:
 
 
 KERNELS = {
-    "get_rows": OpKernel(supports_get_rows, build_get_rows),
-    "set_rows": OpKernel(supports_set_rows, build_set_rows),
-    "cpy": OpKernel(supports_copy, build_copy),
-    "cont": OpKernel(supports_copy, build_copy),
+    Op.GET_ROWS: OpKernel(supports_get_rows, build_get_rows),
+    Op.SET_ROWS: OpKernel(supports_set_rows, build_set_rows),
+    Op.CPY: OpKernel(supports_copy, build_copy),
+    Op.CONT: OpKernel(supports_copy, build_copy),
 }

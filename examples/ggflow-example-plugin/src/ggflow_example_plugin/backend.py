@@ -13,13 +13,11 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ggflow.core.backend import Availability, Backend, HostBuffer
+from ggflow.core.ops import PURE_VIEWS, Op
 from ggflow.core.tensor import Tensor
 from ggflow.errors import BackendError
 
 DISABLE_ENV = "GGFLOW_EXAMPLE_NUMPY_DISABLE"
-
-# A view computes nothing (its memory is its source's), so there is nothing to decline.
-PURE_VIEWS = frozenset({"view", "reshape", "permute", "transpose"})
 
 
 def _add(out: np.ndarray, a: np.ndarray, b: np.ndarray, params: tuple) -> None:
@@ -44,7 +42,7 @@ def _silu(out: np.ndarray, a: np.ndarray, params: tuple) -> None:
     np.divide(a, denom, out=out)
 
 
-KERNELS: dict[str, Callable[..., None]] = {"add": _add, "mul": _mul, "scale": _scale, "silu": _silu}
+KERNELS: dict[str, Callable[..., None]] = {Op.ADD: _add, Op.MUL: _mul, Op.SCALE: _scale, Op.SILU: _silu}
 
 
 class ExampleNumpyBackend(Backend):
@@ -62,7 +60,7 @@ class ExampleNumpyBackend(Backend):
         return HostBuffer.allocate(size, self.name, self.alignment)
 
     def supports_op(self, node: Tensor) -> bool:
-        if node.op in PURE_VIEWS:
+        if node.op in PURE_VIEWS:  # a view computes nothing (its memory is its source's): nothing to decline
             return True
         if node.op not in KERNELS:
             return False

@@ -1,0 +1,208 @@
+"""The unified KV cache: per layer, K and V rows for ``size`` cells shared by every sequence.
+
+Each cell records the position it holds (-1: free) and the set of sequences that see it. ``begin``
+places a batch's ubatches in the first free cells, in order; the graph attends over the first ``n_kv``
+cells (padded, so the graph's shape changes rarely) and the mask says which of them each token sees.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+import numpy as np
+
+from ggflow.core import ops
+from ggflow.core.backend import Backend
+from ggflow.core.batch import UBatch
+from ggflow.core.memory import MAX_SEQ, N_KV_PAD, KVInputs, Memory, MemoryBatch, Slot
+from ggflow.core.model import HParams
+from ggflow.core.tensor import Tensor, TensorFlag
+from ggflow.errors import GGFlowError
+
+if TYPE_CHECKING:
+    from ggflow.core.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class Cells:
+    """A copy of the cell state: what a batch that did not land must leave unchanged."""
+    pos: np.ndarray        # int32 [size]: position each cell holds, -1 if free
+    seq: np.ndarray        # bool [size, n_seq_max]: the sequences that see each cell
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Cells) and np.array_equal(self.pos, other.pos) \
+            and np.array_equal(self.seq, other.seq)
+
+
+class KVCache(Memory):
+    def __init__(self, hp: HParams, size: int, backend: Backend, type_k: str = "F16", type_v: str = "F16",
+                 n_seq_max: int = MAX_SEQ):
+        if size <= 0:
+            raise GGFlowError(f"KV cache size must be positive, got {size}")
+        self.hp, self.size, self.backend, self.n_seq_max = hp, size, backend, n_seq_max
+        self.k = [Tensor(type_k, (hp.n_embd_k_gqa, size), name=f"cache_k_l{il}", flags=TensorFlag.PARAM)
+                  for il in range(hp.n_layer)]
+        self.v = [Tensor(type_v, (hp.n_embd_v_gqa, size), name=f"cache_v_l{il}", flags=TensorFlag.PARAM)
+                  for il in range(hp.n_layer)]
+        offsets, total = [], 0
+        for t in self.k + self.v:
+            offsets.append(total)
+            total += -(-t.nbytes // backend.alignment) * backend.alignment
+        self.buffer = backend.alloc_buffer(total)
+        for t, offs in zip(self.k + self.v, offsets):
+            t.buffer, t.offset = self.buffer, offs
+        self.nbytes = total
+        self.pos = np.full(size, -1, dtype=np.int32)
+        self.seq = np.zeros((size, n_seq_max), dtype=bool)
+        self.shift = np.zeros(size, dtype=np.int32)   # pending RoPE shift of each cell's K (seq_add)
+        self.clear()
+
+    # -- the batch transaction -------------------------------------------------------------------
+    def begin(self, ubatches: Iterable[UBatch]) -> MemoryBatch | None:
+        pos, seq = self.pos, self.seq
+        steps = []
+        for ub in ubatches:
+            slot = self._find_slot(ub, pos, seq)
+            if slot is None:
+                return None
+            steps.append((ub, slot))
+            pos, seq = slot.pos, slot.seq
+        saved = self.cells_snapshot()
+
+        def restore() -> None:
+            self.pos, self.seq = saved.pos, saved.seq
+
+        return MemoryBatch(steps, self._apply, restore)
+
+    def _find_slot(self, ubatch: UBatch, pos: np.ndarray, seq: np.ndarray) -> Slot | None:
+        """The first free cells of (pos, seq) for the ubatch, with the state after it is written."""
+        free = np.flatnonzero(pos < 0)
+        if len(free) < ubatch.n_tokens:
+            return None
+        cells = free[: ubatch.n_tokens].astype(np.int32)
+        pos, seq = pos.copy(), seq.copy()
+        pos[cells] = ubatch.pos
+        seq[cells, ubatch.seq_id] = True
+        used = np.flatnonzero(pos >= 0)
+        n_kv = min(self.size, -(-(int(used[-1]) + 1) // N_KV_PAD) * N_KV_PAD)
+        return Slot(cells, pos, seq, n_kv)
+
+    def _apply(self, slot: Slot) -> None:
+        self.pos, self.seq = slot.pos, slot.seq
+
+    def cells_snapshot(self) -> Cells:
+        """A copy of every cell's position and sequences (compare two with ==)."""
+        return Cells(self.pos.copy(), self.seq.copy())
+
+    def update(self, scheduler: "Scheduler") -> bool:
+        if not self.shift.any():
+            return False
+        from ggflow.core.kv_shift import apply_k_shift
+        apply_k_shift(self, scheduler)
+        self.shift[:] = 0
+        return True
+
+    # -- graph building ----------------------------------------------------------------------------
+    def build_inputs(self, n_tokens: int, n_kv: int) -> KVInputs:
+        return KVInputs(ops.new_input("I32", (n_tokens,), "inp_kv_idxs"),
+                        ops.new_input("F32", (n_kv, n_tokens), "inp_kq_mask"))
+
+    def input_data(self, inputs: KVInputs, ubatch: UBatch, slot: Slot) -> dict[Tensor, np.ndarray]:
+        return {inputs.kv_idxs: slot.cells, inputs.kq_mask: self.mask(slot, ubatch)}
+
+    def mask(self, slot: Slot, ubatch: UBatch) -> np.ndarray:
+        """float32 [n_tokens, n_kv]: 0 where a token may attend to a cell, -inf elsewhere (causal, per seq)."""
+        pos, seq = slot.pos[: slot.n_kv], slot.seq[: slot.n_kv]
+        visible = seq[:, ubatch.seq_id].T & (pos[None, :] <= ubatch.pos[:, None]) & (pos[None, :] >= 0)
+        return np.where(visible, np.float32(0), np.float32(-np.inf))
+
+    def cpy_k(self, il: int, k_cur: Tensor, idxs: Tensor) -> Tensor:
+        return ops.set_rows(self.k[il], ops.reshape(_contiguous(k_cur), self.hp.n_embd_k_gqa, idxs.ne[0]), idxs)
+
+    def cpy_v(self, il: int, v_cur: Tensor, idxs: Tensor) -> Tensor:
+        return ops.set_rows(self.v[il], ops.reshape(_contiguous(v_cur), self.hp.n_embd_v_gqa, idxs.ne[0]), idxs)
+
+    def get_k(self, il: int, n_kv: int) -> Tensor:
+        return _heads(self.k[il], self.hp.n_embd_head_k, self.hp.n_head_kv, n_kv)
+
+    def get_v(self, il: int, n_kv: int) -> Tensor:
+        return _heads(self.v[il], self.hp.n_embd_head_v, self.hp.n_head_kv, n_kv)
+
+    # -- sequences ---------------------------------------------------------------------------------
+    def _range(self, seq_id: int, p0: int, p1: int) -> np.ndarray:
+        p1 = np.iinfo(np.int32).max if p1 < 0 else p1
+        in_seq = self.seq.any(axis=1) if seq_id < 0 else self.seq[:, self._check_seq(seq_id)]
+        return in_seq & (self.pos >= max(p0, 0)) & (self.pos < p1)
+
+    def _check_seq(self, seq_id: int) -> int:
+        if not 0 <= seq_id < self.n_seq_max:
+            raise GGFlowError(f"sequence id {seq_id} is out of range [0, {self.n_seq_max})")
+        return seq_id
+
+    def _free_empty(self) -> None:
+        empty = ~self.seq.any(axis=1)
+        self.pos[empty] = -1
+        self.shift[empty] = 0
+
+    def clear(self) -> None:
+        self.pos[:] = -1
+        self.seq[:] = False
+        self.shift[:] = 0
+        for t in self.k + self.v:  # free cells are masked, but 0 * NaN would still poison V sums
+            self.backend.set_tensor(t, np.zeros(t.nrows * t.row_bytes, dtype=np.uint8)
+                                    if t.type.is_quantized else np.zeros(t.ne[::-1], dtype=np.float32))
+
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
+        sel = self._range(seq_id, p0, p1)
+        if seq_id < 0:
+            self.seq[sel] = False
+        else:
+            self.seq[sel, seq_id] = False
+        self._free_empty()
+        return True
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """No copy: the cells are shared."""
+        self.seq[self._range(src, p0, p1), self._check_seq(dst)] = True
+
+    def seq_keep(self, seq_id: int) -> None:
+        keep = self.seq[:, self._check_seq(seq_id)].copy()
+        self.seq[:] = False
+        self.seq[keep, seq_id] = True
+        self._free_empty()
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """K is re-rotated by the next ``update`` (RoPE rotations compose)."""
+        if self.hp.n_rot == 0:
+            raise GGFlowError("this model has no RoPE: its cached keys cannot be shifted to new positions")
+        sel = self._range(seq_id, p0, p1)
+        if delta == 0 or not sel.any():
+            return
+        if self.seq[sel].sum(axis=1).max() > 1:
+            raise GGFlowError("cannot shift cells shared with another sequence (seq_cp); remove the share first")
+        self.pos[sel] += delta
+        self.shift[sel] += delta
+        gone = sel & (self.pos < 0)
+        self.seq[gone] = False
+        self._free_empty()
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        cells = self.seq[:, self._check_seq(seq_id)]
+        return int(self.pos[cells].max()) if cells.any() else -1
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        cells = self.seq[:, self._check_seq(seq_id)]
+        return int(self.pos[cells].min()) if cells.any() else -1
+
+    @property
+    def n_used(self) -> int:
+        return int((self.pos >= 0).sum())
+
+
+def _contiguous(t: Tensor) -> Tensor:
+    return t if t.is_contiguous() else ops.cont(t)
+
+
+def _heads(cache: Tensor, head_dim: int, n_head_kv: int, n_kv: int) -> Tensor:
+    """The first n_kv cells of a layer's cache [head_dim * n_head_kv, size] as [head_dim, n_head_kv, n_kv]."""
+    return ops.view(cache, (head_dim, n_head_kv, n_kv), (cache.nb[0], cache.type.row_bytes(head_dim), cache.nb[1]))

@@ -1,0 +1,100 @@
+"""The whole run: read the input's header, plan each tensor's type, write the header, then convert or copy
+the tensors one at a time into a temporary file that replaces OUT once complete."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import gguf
+
+from ggflow.errors import GGFlowError
+from ggflow.quantize_model.convert import InputData, convert_rows
+from ggflow.quantize_model.mixes import Mix, find_mix
+from ggflow.quantize_model.plan import Planned, model_facts, open_input, plan
+from ggflow.quantize_model.report import QuantizeReport, TensorResult
+from ggflow.quantize_model.writer import GGUFOutput, metadata_entries
+
+
+def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftype: str, pure: bool = False,
+                   progress: bool = True) -> QuantizeReport:
+    """Write in_path's model to out_path in the llama.cpp mix `ftype` ("Q4_K_M", "Q8_0", "F16", ...).
+
+    pure: every quantizable tensor in the mix's base type (no promotions; a row that doesn't fit the
+    block still falls back). Raises UnknownNameError for an unknown mix, ModelLoadError for an input
+    that is missing or not a readable GGUF file, QuantizationError for a tensor that can't be converted.
+    """
+    start = time.perf_counter()
+    mix = find_mix(ftype)
+    in_path, out_path = str(in_path), Path(out_path)
+    src = open_input(in_path)
+    planned = plan(src, mix, model_facts(src), pure)
+    _check_output_path(out_path)
+    report = QuantizeReport(in_path, str(out_path), mix.name, mix.ftype, pure, in_size=src.size)
+    tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    out = GGUFOutput(str(tmp), src.alignment)  # opens no file until its header is written
+    try:
+        out.write_header(metadata_entries(src, mix.ftype),
+                         [(p.desc.name, p.desc.ne, _type_id(p.choice.type_name), p.out_bytes) for p in planned])
+        report.tensors = _write_tensors(out, in_path, planned, mix, progress)
+        out.close()
+        _fsync(tmp)
+        os.replace(tmp, out_path)
+    except BaseException:  # Ctrl-C too: never leave a partial file behind
+        out.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    report.out_size = os.path.getsize(out_path)  # in_size was taken before: OUT may have replaced IN
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _type_id(type_name: str) -> int:
+    return int(gguf.GGMLQuantizationType[type_name])
+
+
+def _check_output_path(out_path: Path) -> None:
+    parent = out_path.parent
+    if not parent.is_dir():
+        raise GGFlowError(f"{out_path}: cannot write there, the directory {parent} does not exist")
+    if out_path.is_dir():
+        raise GGFlowError(f"{out_path} is a directory; give the output file's name")
+
+
+def _write_tensors(out: GGUFOutput, in_path: str, planned: list[Planned], mix: Mix,
+                   progress: bool) -> list[TensorResult]:
+    from tqdm import tqdm
+
+    results = []
+    total = sum(p.in_bytes for p in planned)
+    with InputData(in_path) as data, tqdm(total=total, unit="B", unit_scale=True, desc=f"quantizing to {mix.name}",
+                                          file=sys.stderr, disable=not progress, leave=False) as bar:
+        for p in planned:
+            bar.set_postfix_str(p.desc.name, refresh=False)
+            src = data.rows(p.offset, p.in_bytes, p.n_rows)
+            out.write_tensor_data(convert_rows(p, src, bar) if p.converts else src)
+            if not p.converts:
+                bar.update(p.in_bytes)
+            del src
+            data.release(p.offset, p.in_bytes)
+            results.append(_result(p))
+    return results
+
+
+def _result(p: Planned) -> TensorResult:
+    if not p.converts:
+        action = "copied"
+    elif p.in_traits.is_quantized:
+        action = "requantized"
+    else:
+        action = "converted"
+    return TensorResult(p.desc.name, p.desc.ne, p.desc.type_name, p.choice.type_name, action,
+                        p.choice.fallback_from, p.in_bytes, p.out_bytes)
+
+
+def _fsync(path: Path) -> None:
+    # The rename must not outlive the data: a crash after os.replace would otherwise leave a hole.
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())

@@ -1,0 +1,146 @@
+"""The memory's contract: a batch is a transaction, the K-shift runs on the Context's scheduler, and an
+architecture's create_memory decides what memory a Context keeps."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggflow.core.batch import Batch
+from ggflow.core.context import DECODE_OK
+from ggflow.core.kv_cache import KVCache
+from ggflow.core.memory import Memory
+from ggflow.core.model import Model
+from ggflow.errors import BackendError, GGFlowError, PluginError
+from tests.test_context import TOKENS, ctx_for, llama  # noqa: F401  (llama: the module's model fixture)
+
+
+def test_an_exception_mid_batch_rolls_back_every_ubatch_the_batch_applied(llama, monkeypatch):
+    ctx = ctx_for(llama, n_ubatch=4)
+    assert ctx.decode(Batch.from_tokens(TOKENS[:3])) == DECODE_OK
+    before = ctx.memory.cells_snapshot(), ctx.memory.seq_pos_max(0), ctx.memory.n_used
+    compute, seen = ctx.scheduler.compute, []
+
+    def fail_on_second_ubatch(graph):
+        seen.append(ctx.memory.seq_pos_max(0))
+        if len(seen) == 2:
+            raise BackendError("device lost")
+        compute(graph)
+
+    monkeypatch.setattr(ctx.scheduler, "compute", fail_on_second_ubatch)
+    with pytest.raises(BackendError, match="device lost"):
+        ctx.decode(Batch.from_tokens(TOKENS[3:12], pos0=3))
+    assert seen == [6, 10]   # the first ubatch had landed when the second one failed
+    assert (ctx.memory.cells_snapshot(), ctx.memory.seq_pos_max(0), ctx.memory.n_used) == before
+
+    monkeypatch.undo()
+    assert ctx.decode(Batch.from_tokens(TOKENS[3:12], pos0=3, all_logits=True)) == DECODE_OK
+    fresh = ctx_for(llama, n_ubatch=4)
+    fresh.decode(Batch.from_tokens(TOKENS[:3]))
+    fresh.decode(Batch.from_tokens(TOKENS[3:12], pos0=3, all_logits=True))
+    np.testing.assert_array_equal(ctx.get_logits(), fresh.get_logits())
+
+
+@pytest.fixture
+def cache(llama):
+    from ggflow.backends_builtin.cpu import CPUBackend
+    from ggflow.core.backend import BackendOptions
+    return KVCache(llama.hparams, 16, CPUBackend(BackendOptions(n_threads=1)), "F32", "F32")
+
+
+def test_a_memory_batch_left_without_commit_restores_the_cells(cache):
+    with cache.begin(Batch.from_tokens(TOKENS[:6]).split(4)) as placed:
+        assert [slot.cells.tolist() for _, slot in placed] == [[0, 1, 2, 3], [4, 5]]
+        assert cache.seq_pos_max(0) == 5 and cache.n_used == 6
+    assert cache.seq_pos_max(0) == -1 and cache.n_used == 0 and cache.n_free == 16
+
+
+def test_a_committed_memory_batch_keeps_its_cells_and_cannot_be_reused(cache):
+    with cache.begin(Batch.from_tokens(TOKENS[:6]).split(4)) as placed:
+        for _ in placed:
+            pass
+        placed.commit()
+    assert cache.seq_pos_min(0) == 0 and cache.seq_pos_max(0) == 5 and cache.n_used == 6
+    with pytest.raises(GGFlowError, match="already committed"):
+        placed.commit()
+
+
+def test_a_memory_batch_commits_only_whole(cache):
+    placed = cache.begin(Batch.from_tokens(TOKENS[:6]).split(4))
+    next(iter(placed))
+    with pytest.raises(GGFlowError, match="commit after 1 of 2 ubatches"):
+        placed.commit()
+    placed.rollback()
+    assert cache.n_used == 0
+
+
+def test_begin_without_room_is_none_and_changes_nothing(cache):
+    before = cache.cells_snapshot()
+    assert cache.begin(Batch.from_tokens(TOKENS * 2).split(4)) is None
+    assert cache.cells_snapshot() == before
+
+
+def test_the_k_shift_runs_on_the_contexts_scheduler(llama, monkeypatch):
+    ctx = ctx_for(llama)
+    ctx.decode(Batch(np.array(TOKENS[:6]), np.arange(10, 16), 0, False))
+    ctx.memory.seq_add(0, 10, -1, -10)
+    compute, ran = ctx.scheduler.compute, []
+    monkeypatch.setattr(ctx.scheduler, "compute", lambda g: (ran.append({t.name for t in g.leafs}), compute(g)))
+    assert ctx.decode(Batch.from_tokens(TOKENS[6:8], pos0=6)) == DECODE_OK
+    assert len(ran) == 2 and "inp_k_shift" in ran[0] and "inp_k_shift" not in ran[1]
+
+
+class RecordingCache(KVCache):
+    """The unified cache, recording which of its verbs the Context and the graph builder called."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.calls: list[str] = []
+
+    def begin(self, ubatches):
+        self.calls.append("begin")
+        return super().begin(ubatches)
+
+    def cpy_k(self, il, k_cur, idxs):
+        self.calls.append(f"cpy_k{il}")
+        return super().cpy_k(il, k_cur, idxs)
+
+    def get_v(self, il, n_kv):
+        self.calls.append(f"get_v{il}")
+        return super().get_v(il, n_kv)
+
+
+def with_memory(model: Model, create_memory) -> Model:
+    """The model with its architecture subclassed to make its memory with create_memory."""
+    arch_class = type(model.arch)
+    model.arch = type(f"Custom{arch_class.__name__}", (arch_class,), {"create_memory": create_memory})()
+    return model
+
+
+def test_the_context_keeps_the_memory_its_architecture_creates(tiny_model_path):
+    made = []
+
+    def create_memory(self, hp, n_ctx, backend, type_k, type_v):
+        made.append((n_ctx, type_k, type_v))
+        return RecordingCache(hp, n_ctx, backend, type_k, type_v)
+
+    model = with_memory(Model.load(tiny_model_path("llama")), create_memory)
+    ctx = ctx_for(model, n_ctx=32)
+    assert made == [(32, "F32", "F32")] and isinstance(ctx.memory, RecordingCache)
+    assert ctx.decode(Batch.from_tokens(TOKENS[:4])) == DECODE_OK
+    n_layer = model.hparams.n_layer
+    assert ctx.memory.calls[0] == "begin"
+    assert [c for c in ctx.memory.calls if c.startswith("cpy_k")] == [f"cpy_k{il}" for il in range(n_layer)]
+    assert [c for c in ctx.memory.calls if c.startswith("get_v")] == [f"get_v{il}" for il in range(n_layer)]
+    assert ctx.memory.seq_pos_max(0) == 3
+
+
+def test_create_memory_must_return_a_memory(tiny_model_path):
+    model = with_memory(Model.load(tiny_model_path("llama")), lambda self, *args: {"cells": 32})
+    with pytest.raises(PluginError, match="create_memory returned a dict, not a ggflow.core.memory.Memory"):
+        ctx_for(model)
+
+
+def test_the_default_memory_is_the_unified_cache(llama):
+    memory = ctx_for(llama, n_ctx=32).memory
+    assert isinstance(memory, KVCache) and isinstance(memory, Memory)
+    assert (memory.size, memory.n_used, memory.n_free) == (32, 0, 32)
