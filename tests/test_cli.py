@@ -76,6 +76,17 @@ def test_a_context_too_large_for_memory_is_refused_before_allocating(tiny_model_
     assert "-c/--ctx-size 1000000000000" in line and "GiB" in line and "0 (the training context, 256)" in line
 
 
+def test_quantize_in_onto_itself_is_refused_and_the_input_kept(tiny_model_path, tmp_path, capsys):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(Path(tiny_model_path("llama")).read_bytes())
+    before = path.read_bytes()
+    (tmp_path / "link.gguf").symlink_to(path)
+    for out in (path, tmp_path / "link.gguf"):
+        assert main(["quantize", str(path), str(out), "Q8_0", "-q"]) == 2
+        assert "never overwrites its input" in one_line_error(capsys)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["link.gguf", "model.gguf"]
+
+
 # -- -c 0 and -n -1 --------------------------------------------------------------------------------------
 def run_json(capsys, argv: list[str]) -> dict:
     assert main(argv) == 0

@@ -48,14 +48,6 @@ def model_file(path: str) -> str:
     return path
 
 
-def same_file(a: str, b: str) -> bool:
-    """Whether a and b name one file (through symlinks and hard links too); False when b does not exist."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
 def available_memory() -> int:
     """Bytes the system can still give this process (MemAvailable), or all of RAM where that is unknown."""
     try:
