@@ -65,6 +65,12 @@ def test_a_directory_as_the_model_is_called_a_directory(tmp_path, capsys):
     assert "is a directory" in line and str(tmp_path) in line and "no such file" not in line
 
 
+def test_a_directory_as_quantize_input_is_called_a_directory(tmp_path, capsys):
+    assert main(["quantize", str(tmp_path), str(tmp_path / "out.gguf"), "Q8_0"]) == 2
+    line = one_line_error(capsys)
+    assert "IN.gguf" in line and "is a directory" in line and not (tmp_path / "out.gguf").exists()
+
+
 def test_a_missing_model_is_no_such_file(tmp_path, capsys):
     assert main(["info", "-m", str(tmp_path / "absent.gguf")]) == 2
     assert "no such file" in one_line_error(capsys)

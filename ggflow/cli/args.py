@@ -37,15 +37,24 @@ def int_at_least(low: int, meaning: str = "") -> Callable[[str], int]:
     return parse
 
 
-def model_file(path: str) -> str:
-    """An existing regular file: a directory or a missing path is named as what it is."""
+def not_a_directory(path: str, name: str) -> str:
     if os.path.isdir(path):
-        raise UsageError(f"-m/--model {path!r} is a directory; accepted: a GGUF model file")
-    if not os.path.exists(path):
-        raise UsageError(f"-m/--model {path!r}: no such file; accepted: a GGUF model file")
-    if not os.path.isfile(path):
-        raise UsageError(f"-m/--model {path!r} is not a regular file; accepted: a GGUF model file")
+        raise UsageError(f"{name} {path!r} is a directory; accepted: a GGUF model file")
     return path
+
+
+def existing_file(path: str, name: str) -> str:
+    """An existing regular file: a directory or a missing path is named as what it is."""
+    not_a_directory(path, name)
+    if not os.path.exists(path):
+        raise UsageError(f"{name} {path!r}: no such file; accepted: a GGUF model file")
+    if not os.path.isfile(path):
+        raise UsageError(f"{name} {path!r} is not a regular file; accepted: a GGUF model file")
+    return path
+
+
+def model_file(path: str) -> str:
+    return existing_file(path, "-m/--model")
 
 
 def available_memory() -> int:
