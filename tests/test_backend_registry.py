@@ -7,7 +7,7 @@ import pytest
 from ggflow.backends_builtin.cpu import CPUBackend
 from ggflow.core import ops
 from ggflow.core.backend import Backend, BackendOptions, HostBuffer
-from ggflow.core.backend_registry import make_backends
+from ggflow.core.backend_registry import make_backends, probed_priority
 from ggflow.core.ops import IN_PLACE, PURE_VIEWS, Op
 from ggflow.errors import BackendError
 from ggflow.plugins import get_plugin_manager, hookimpl
@@ -69,6 +69,15 @@ def test_auto_leaves_out_an_instance_that_ranks_itself_below_the_cpu(ranked):
     ranked.rank_found = -1
     assert "test_ranked" not in names(make_backends("auto"))
     assert names(make_backends(["test_ranked"])) == ["test_ranked", "cpu"]  # asked for by name: it runs
+
+
+def test_auto_builds_nothing_whose_probe_ranks_it_below_the_cpu(ranked, monkeypatch):
+    from ggflow.core.backend import Availability
+    monkeypatch.setattr(Ranked, "is_available", classmethod(lambda cls: Availability(True, "cpu driver", -1)))
+    backends = names(make_backends("auto"))          # Higher inherits the probe: it is left out too
+    assert "test_ranked" not in backends and "test_higher" not in backends
+    assert ranked.built_with == []                   # neither was instantiated to find that out
+    assert probed_priority(Ranked) == -1 and probed_priority(CPUBackend) == 0
 
 
 def test_every_factory_gets_the_same_options_record(ranked):

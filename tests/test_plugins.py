@@ -24,7 +24,7 @@ from ggflow.core.sampling import Sampler, SamplerChain, TokenDataArray, make_sam
 from ggflow.core.tensor import Tensor
 from ggflow.errors import GGFlowError, UnknownNameError
 from ggflow.plugins import hookimpl
-from ggflow.plugins.manager import PluginManager, Source, get_plugin_manager
+from ggflow.plugins.manager import PluginManager, PluginOverrideWarning, Source, get_plugin_manager
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = REPO / "examples" / "ggflow-example-plugin"
@@ -202,8 +202,24 @@ def test_a_later_registration_overrides_an_earlier_one_of_the_same_name():
     manager = PluginManager(autoload=False)
     manager.register(SamplerPlugin(PickNth), "first")
     manager.register(SamplerPlugin(Other), "second")
-    reg = manager.samplers.registration("test_pick_nth")
+    with pytest.warns(PluginOverrideWarning, match=r"sampler 'test_pick_nth' from .*\[second\] replaces the one "
+                                                   r"from .*\[first\]"):
+        reg = manager.samplers.registration("test_pick_nth")
     assert reg.obj is Other and reg.source.plugin == "second"
+    assert reg.replaces.obj is PickNth and reg.replaces.source.plugin == "first"
+
+
+def test_a_plugin_replacing_a_built_in_is_shown_in_the_listing(registered, capsys):
+    class Greedy(PickNth):
+        name = "greedy"
+
+    registered(SamplerPlugin(Greedy), Source("my-greedy", "my-dist", "1.0"))
+    with pytest.warns(PluginOverrideWarning, match="sampler 'greedy' from my-dist"):
+        assert main(["plugins", "--json"]) == 0
+    [entry] = [e for e in json.loads(capsys.readouterr().out)["samplers"] if e["name"] == "greedy"]
+    assert entry["distribution"] == "my-dist" and entry["replaces"]["distribution"] == "ggflow"
+    assert main(["plugins"]) == 0
+    assert "replaces greedy from ggflow" in capsys.readouterr().out
 
 
 # -- failure isolation -----------------------------------------------------------------------------

@@ -47,22 +47,27 @@ def _describe(seam: str, reg: Registration) -> dict[str, Any]:
     obj = reg.obj
     entry: dict[str, Any] = {
         "name": reg.name, "plugin": reg.source.plugin, "distribution": reg.source.distribution,
-        "version": reg.source.version, "object": _qualified_name(obj)}
+        "version": reg.source.version, "object": _qualified_name(obj),
+        "replaces": None if reg.replaces is None else {
+            "name": reg.replaces.name, "plugin": reg.replaces.source.plugin,
+            "distribution": reg.replaces.source.distribution, "object": _qualified_name(reg.replaces.obj)}}
     if seam == "quant_types":
         entry.update(type_id=obj.type_id, block_size=obj.block_size, type_size=obj.type_size)
     elif seam == "backends":
-        available, reason = _availability(obj)
-        entry.update(available=available, reason=reason, priority=getattr(obj, "priority", 0))
+        available, reason, priority = _availability(obj)
+        entry.update(available=available, reason=reason, priority=priority)
     return entry
 
 
-def _availability(backend_cls: Any) -> tuple[bool, str]:
+def _availability(backend_cls: Any) -> tuple[bool, str, int]:
     # A backend's probe touches drivers and devices; one that crashes must not hide the others.
+    default = getattr(backend_cls, "priority", 0)
     try:
         result = backend_cls.is_available()
     except Exception as exc:
-        return False, f"is_available() raised {type(exc).__name__}: {exc}"
-    return bool(result), str(getattr(result, "reason", "") or "")
+        return False, f"is_available() raised {type(exc).__name__}: {exc}", default
+    priority = getattr(result, "priority", None)
+    return bool(result), str(getattr(result, "reason", "") or ""), default if priority is None else priority
 
 
 def _qualified_name(obj: Any) -> str:
@@ -99,7 +104,11 @@ def _detail(seam: str, e: dict[str, Any]) -> str:
 
 
 def _origin(e: dict[str, Any]) -> str:
-    return f"{_origin_of(e['distribution'], e['version'])} [{e['plugin']}]"
+    origin = f"{_origin_of(e['distribution'], e['version'])} [{e['plugin']}]"
+    replaced = e.get("replaces")
+    if replaced:
+        origin += f", replaces {replaced['name']} from {replaced['distribution'] or 'a runtime registration'}"
+    return origin
 
 
 def _origin_of(distribution: str | None, version: str | None) -> str:

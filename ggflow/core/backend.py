@@ -73,6 +73,7 @@ class HostBuffer(Buffer):
 class Availability:
     available: bool
     reason: str = ""
+    priority: int | None = None   # the rank an instance would have here, when the probe found it (else the class's)
 
     def __bool__(self) -> bool:
         return self.available
@@ -168,6 +169,28 @@ class Backend(ABC):
 
     def synchronize(self) -> None:
         """Wait for queued work (asynchronous backends)."""
+
+
+def substituted_memory(t: Tensor, substitutes: Mapping[Tensor, Tensor], backend_name: str) -> tuple[Tensor, int]:
+    """Where a node's source is for a backend that was given copies (``substitutes``) of some tensors:
+    the tensor whose memory holds it and the extra byte offset into that memory.
+
+    A view of a copied tensor reads the copy at the same relative offset, which is only the same layout
+    when the copied tensor was contiguous (the scheduler's copies are contiguous)."""
+    direct = substitutes.get(t)
+    if direct is not None:
+        return direct, 0
+    offset, cur = 0, t
+    while cur.view_src is not None:
+        offset += cur.view_offs
+        cur = cur.view_src
+        sub = substitutes.get(cur)
+        if sub is not None:
+            if not cur.is_contiguous():
+                raise BackendError(f"{t!r} views {cur!r}, which is not contiguous and was copied from another "
+                                   f"backend: the {backend_name} backend cannot map the view onto the copy")
+            return sub, offset
+    return t, 0
 
 
 def _as_bytes(tensor: Tensor, data: np.ndarray) -> np.ndarray:

@@ -28,13 +28,22 @@ def make_backends(names: "str | Sequence[str]" = "auto", n_threads: int | None =
     registry = get_plugin_manager().backends
     auto = names == "auto"
     if auto:
-        factories = [r.obj for r in registry if r.name != CPU and r.obj.is_available()]
+        # ranked before anything is built: a backend left out (a CPU driver) never opens its device
+        factories = [r.obj for r in registry if r.name != CPU and probed_priority(r.obj) >= 0]
     else:
         factories = [registry.get(n) for n in ([names] if isinstance(names, str) else names) if n != CPU]
     backends = [_build(factory, options) for factory in factories]
     if auto:
         backends = sorted((b for b in backends if b.priority >= 0), key=lambda b: -b.priority)
     return backends + [_build(registry.get(CPU), options)]
+
+
+def probed_priority(factory: type[Backend]) -> int:
+    """The priority the backend reports for this machine; below 0 when it is unavailable."""
+    availability = factory.is_available()
+    if not availability:
+        return -1
+    return factory.priority if availability.priority is None else availability.priority
 
 
 def _build(factory: type[Backend], options: BackendOptions) -> Backend:
@@ -44,4 +53,4 @@ def _build(factory: type[Backend], options: BackendOptions) -> Backend:
     return factory(options)
 
 
-__all__ = ["make_backends"]
+__all__ = ["make_backends", "probed_priority"]

@@ -1,9 +1,10 @@
 """Shared transformer building blocks: an architecture's graph is a short composition of these.
 
-One GraphBuilder is made per graph build (per ubatch shape). It owns the graph inputs (token ids,
-positions, KV-cache row indices, the attention mask, the ids of the tokens whose logits are wanted)
-and gives blocks that read top to bottom as the model's math: embed, norm, project, RoPE, attend
-over the KV cache, feed-forward, output. Shapes in comments are ggml's ne, innermost first.
+One GraphBuilder is made per graph build (per ubatch shape). It makes the graph inputs of the batch
+(token ids, positions, the ids of the tokens whose logits are wanted) and asks the memory for its own
+(KV-cache cell indices and the mask), and gives blocks that take the architecture's weight tensors and
+read top to bottom as the model's math: embed, norm, project, RoPE, attend over the memory,
+feed-forward, output. Shapes in comments are ggml's ne, innermost first.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import traceback
+import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Generic, Iterator, TypeVar
@@ -41,6 +42,11 @@ class Registration(Generic[T]):
     name: str
     obj: T
     source: Source
+    replaces: "Registration[T] | None" = None   # the registration of the same name this one overrode
+
+
+class PluginOverrideWarning(UserWarning):
+    """A plugin registered a name another registration already had: the later one wins."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,12 @@ class Registry(Generic[T]):
         self._by_name: dict[str, Registration[T]] = {}
 
     def add(self, name: str, obj: T, source: Source) -> None:
-        self._by_name[name] = Registration(name, obj, source)
+        """Register ``obj`` under ``name``; a name already taken is replaced, with a warning that says by whom."""
+        previous = self._by_name.get(name)
+        if previous is not None:
+            warnings.warn(f"{self.kind} {name!r} from {_origin(source)} replaces the one from "
+                          f"{_origin(previous.source)}", PluginOverrideWarning, stacklevel=2)
+        self._by_name[name] = Registration(name, obj, source, previous)
 
     def get(self, name: str) -> T:
         return self.registration(name).obj
@@ -82,6 +93,11 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._by_name)
+
+
+def _origin(source: Source) -> str:
+    where = source.distribution or "a plugin registered at runtime"
+    return f"{where} [{source.plugin}]"
 
 
 def _is_own(ep: metadata.EntryPoint) -> bool:

@@ -62,18 +62,31 @@ class TopK(SamplerBase):
             cur.sort_top(self.k)
 
 
-class TopP(SamplerBase):
-    """Nucleus: the most probable candidates whose probabilities add up to at least p (p >= 1: off)."""
+class _ProbabilityCut(SamplerBase):
+    """A cut set by one probability p (a SamplingParams field) that keeps at least min_keep candidates;
+    ``from_params`` leaves it out of the chain when p is at its "off" value."""
 
-    name = "top_p"
+    param: str          # the SamplingParams field holding p
+
+    @classmethod
+    def is_on(cls, p: float) -> bool:
+        return p < 1.0
 
     @classmethod
     def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
-                    vocab: Any = None) -> "TopP | None":
-        return cls(p=params.top_p, min_keep=params.min_keep) if params.top_p < 1.0 else None
+                    vocab: Any = None) -> "_ProbabilityCut | None":
+        p = getattr(params, cls.param)
+        return cls(p=p, min_keep=params.min_keep) if cls.is_on(p) else None
 
     def __init__(self, p: float, min_keep: int = 1):
         self.p, self.min_keep = float(p), int(min_keep)
+
+
+class TopP(_ProbabilityCut):
+    """Nucleus: the most probable candidates whose probabilities add up to at least p (p >= 1: off)."""
+
+    name = "top_p"
+    param = "top_p"
 
     def apply(self, cur: TokenDataArray) -> None:
         if self.p >= 1.0 or len(cur) == 0:
@@ -83,18 +96,15 @@ class TopP(SamplerBase):
         cur.take(shortest_prefix(key, probs, self.p, self.min_keep, strict=False), sorted=True)
 
 
-class MinP(SamplerBase):
+class MinP(_ProbabilityCut):
     """Candidates whose probability is at least p times the top one's: logit >= max + log(p)."""
 
     name = "min_p"
+    param = "min_p"
 
     @classmethod
-    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
-                    vocab: Any = None) -> "MinP | None":
-        return cls(p=params.min_p, min_keep=params.min_keep) if params.min_p > 0.0 else None
-
-    def __init__(self, p: float, min_keep: int = 1):
-        self.p, self.min_keep = float(p), int(min_keep)
+    def is_on(cls, p: float) -> bool:
+        return p > 0.0
 
     def apply(self, cur: TokenDataArray) -> None:
         n = len(cur)
@@ -111,18 +121,11 @@ class MinP(SamplerBase):
         cur.sort_top(min(max(self.min_keep, 1), n))  # too few pass: the min_keep best
 
 
-class Typical(SamplerBase):
+class Typical(_ProbabilityCut):
     """Locally typical sampling: candidates whose surprise is closest to the entropy, up to mass p."""
 
     name = "typical"
-
-    @classmethod
-    def from_params(cls, params: "SamplingParams", vocab_size: int | None = None,
-                    vocab: Any = None) -> "Typical | None":
-        return cls(p=params.typical_p, min_keep=params.min_keep) if params.typical_p < 1.0 else None
-
-    def __init__(self, p: float, min_keep: int = 1):
-        self.p, self.min_keep = float(p), int(min_keep)
+    param = "typical_p"
 
     def apply(self, cur: TokenDataArray) -> None:
         if self.p >= 1.0 or len(cur) == 0:

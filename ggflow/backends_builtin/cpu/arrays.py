@@ -15,6 +15,7 @@ from typing import Mapping
 
 import numpy as np
 
+from ggflow.core.backend import substituted_memory
 from ggflow.core.tensor import Tensor, strided_view
 from ggflow.core.types import TypeTraits
 from ggflow.errors import BackendError
@@ -30,22 +31,8 @@ class TensorArrays:
         self.substitutes = substitutes or {}
 
     def view(self, t: Tensor) -> np.ndarray:
-        direct = self.substitutes.get(t)
-        if direct is not None:
-            return _host_view(direct, direct, 0)
-        # A view of a substituted tensor reads the copy at the same relative offset, which is only
-        # the same layout when the substituted tensor was contiguous (copies are contiguous).
-        offset, cur = 0, t
-        while cur.view_src is not None:
-            offset += cur.view_offs
-            cur = cur.view_src
-            sub = self.substitutes.get(cur)
-            if sub is not None:
-                if not cur.is_contiguous():
-                    raise BackendError(f"{t!r} views {cur!r}, which is not contiguous and was copied "
-                                       "from another backend: the CPU backend cannot map the view onto the copy")
-                return _host_view(sub, t, offset)
-        return _host_view(t, t, 0)
+        memory_of, offset = substituted_memory(t, self.substitutes, "CPU")
+        return _host_view(memory_of, t, offset)
 
 
 def _host_view(memory_of: Tensor, shaped_as: Tensor, extra_offset: int) -> np.ndarray:

@@ -57,7 +57,7 @@ class VulkanBackend(Backend):
             return Availability(False, str(exc))
         except Exception as exc:  # a broken driver must not take the plugin listing down with it
             return Availability(False, f"probing Vulkan failed: {type(exc).__name__}: {exc}")
-        return Availability(True, f"{device.info.name} ({device.info.kind})")
+        return Availability(True, f"{device.info.name} ({device.info.kind})", device_priority(device))
 
     # -- memory ----------------------------------------------------------------------------------------
     def alloc_buffer(self, size: int) -> DeviceBuffer:

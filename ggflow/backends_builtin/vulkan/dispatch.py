@@ -21,6 +21,7 @@ import numpy as np
 from ggflow.backends_builtin.vulkan.buffers import DeviceBuffer
 from ggflow.backends_builtin.vulkan.device import Limits
 from ggflow.backends_builtin.vulkan.pipelines import Pipeline
+from ggflow.core.backend import substituted_memory
 from ggflow.core.tensor import Tensor
 from ggflow.core.types import TypeTraits
 from ggflow.errors import BackendError
@@ -69,20 +70,8 @@ class Operand:
 
 def resolve(t: Tensor, substitutes: Mapping[Tensor, Tensor]) -> Operand:
     """Where a node's source lives for this backend: itself, or the copy made of it (or of what it views)."""
-    direct = substitutes.get(t)
-    if direct is not None:
-        return _operand(direct, t, 0)
-    offset, cur = 0, t
-    while cur.view_src is not None:
-        offset += cur.view_offs
-        cur = cur.view_src
-        sub = substitutes.get(cur)
-        if sub is not None:
-            if not cur.is_contiguous():  # a copy is contiguous: only then does the view map onto it
-                raise BackendError(f"{t!r} views {cur!r}, which is not contiguous and was copied from another "
-                                   "backend: the vulkan backend cannot map the view onto the copy")
-            return _operand(sub, t, offset)
-    return _operand(t, t, 0)
+    memory_of, offset = substituted_memory(t, substitutes, "vulkan")
+    return _operand(memory_of, t, offset)
 
 
 def _operand(memory_of: Tensor, shaped_as: Tensor, extra: int) -> Operand:
