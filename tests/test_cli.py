@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -159,13 +159,16 @@ def interrupt(argv: list[str], when: str, env: dict | None = None, timeout: floa
     proc = subprocess.Popen([sys.executable, "-m", "ggflow.cli", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=REPO, env={**os.environ, **(env or {})})
     watched = proc.stdout if when == "stdout" else proc.stderr
-    deadline = time.monotonic() + timeout
-    first = b""
-    while len(first) < min_bytes:  # unbuffered reads, so communicate() below gets all that follows
-        chunk = os.read(watched.fileno(), 1 << 16)
-        assert chunk, f"the process ended before writing {min_bytes} bytes: {first!r}"
-        first += chunk
-    assert time.monotonic() < deadline
+    watchdog = threading.Timer(timeout, proc.kill)  # a process that never writes must not hang the test
+    watchdog.start()
+    try:
+        first = b""
+        while len(first) < min_bytes:  # unbuffered reads, so communicate() below gets all that follows
+            chunk = os.read(watched.fileno(), 1 << 16)
+            assert chunk, f"the process ended (rc {proc.poll()}) before writing {min_bytes} bytes: {first!r}"
+            first += chunk
+    finally:
+        watchdog.cancel()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     return proc.returncode, (first.decode() if watched is proc.stderr else "") + err.decode()
