@@ -93,6 +93,17 @@ def test_quantize_in_onto_itself_is_refused_and_the_input_kept(tiny_model_path, 
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["link.gguf", "model.gguf"]
 
 
+def test_running_out_of_memory_anyway_is_one_line(tiny_model_path, monkeypatch, capsys):
+    from ggflow.cli import run_cmd
+
+    def no_memory(args):
+        raise MemoryError("Unable to allocate 3.7 TiB for an array")
+    monkeypatch.setattr(run_cmd, "load_llm", no_memory)
+    assert main(["run", "-m", str(tiny_model_path("llama"))]) == 2
+    line = one_line_error(capsys)
+    assert "out of memory" in line and "3.7 TiB" in line and "-c/--ctx-size" in line
+
+
 # -- -c 0 and -n -1 --------------------------------------------------------------------------------------
 def run_json(capsys, argv: list[str]) -> dict:
     assert main(argv) == 0

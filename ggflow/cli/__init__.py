@@ -43,6 +43,7 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = None
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -54,8 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except MemoryError as exc:
-        print(f"error: out of memory{f' ({exc})' if str(exc) else ''}: try a smaller -c/--ctx-size or model",
-              file=sys.stderr)
+        hint = ": try a smaller -c/--ctx-size or model" if hasattr(args, "ctx_size") else ""
+        print(f"error: out of memory{f' ({exc})' if str(exc) else ''}{hint}", file=sys.stderr)
         return EXIT_USER_ERROR
     except BrokenPipeError:  # `ggflow plugins | head`: the reader left, nothing is wrong
         # Point stdout at devnull so the interpreter's final flush doesn't raise again.
