@@ -264,6 +264,12 @@ class LLM:
             "timings": result.timings.as_dict(),
         }
 
+    def generate_many(self, prompts: "Sequence[str | Sequence[int]]", max_tokens: int = 128, **options: Any
+                      ) -> list[Completion]:
+        """Complete many prompts, decoded together (ggflow.serving.batch.generate_many); results in order."""
+        from ggflow.serving.batch import generate_many
+        return generate_many(self, prompts, max_tokens, **options)
+
 
 def _chat_chunks(gen: Generation, ident: str, created: int, model: str) -> Iterator[dict[str, Any]]:
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:

@@ -144,3 +144,22 @@ def test_the_default_memory_is_the_unified_cache(llama):
     memory = ctx_for(llama, n_ctx=32).memory
     assert isinstance(memory, KVCache) and isinstance(memory, Memory)
     assert (memory.size, memory.n_used, memory.n_free) == (32, 0, 32)
+
+
+def test_a_sequence_grows_past_its_last_cell_so_its_cells_stay_in_position_order(cache):
+    """Attention sums cells in cell order: a hole below a sequence's cells must not take its next tokens."""
+    two = Batch(np.array(TOKENS[:6]), np.array([0, 1, 2, 0, 1, 2]), np.array([0, 0, 0, 1, 1, 1]), np.zeros(6, bool))
+    with cache.begin(two.split(8)) as placed:
+        list(placed)
+        placed.commit()
+    cache.seq_rm(0)                                 # cells 0-2 are free now; sequence 1 holds 3-5
+    nxt = Batch.from_tokens(TOKENS[6:8], pos0=3, seq_id=1)
+    with cache.begin(nxt.split(8)) as placed:
+        [(_, slot)] = list(placed)
+        placed.commit()
+    assert slot.cells.tolist() == [6, 7]
+    fresh = Batch.from_tokens(TOKENS[:2])            # a sequence with no cells takes the lowest free ones
+    with cache.begin(fresh.split(8)) as placed:
+        [(_, slot)] = list(placed)
+        placed.commit()
+    assert slot.cells.tolist() == [0, 1]

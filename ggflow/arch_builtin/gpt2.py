@@ -40,6 +40,7 @@ class GPT2Weights:
 class GPT2(Architecture):
     names = ("gpt2",)
     weights = GPT2Weights
+    norm_eps_key = "attention.layer_norm_epsilon"   # LayerNorm, not RMSNorm
 
     def build_graph(self, b: GraphBuilder):
         hp, w = b.hp, b.w

@@ -27,6 +27,7 @@ COMMANDS = (
     "ggflow.cli.quantize_cmd",
     "ggflow.cli.plugins_cmd",
     "ggflow.cli.warmup_cmd",
+    "ggflow.cli.serve_cmd",
 )
 
 EXIT_USER_ERROR = 2  # argparse uses 2 for usage errors too

@@ -13,6 +13,38 @@ class BatchError(GGFlowError, ValueError):
     """A batch that cannot be evaluated as given (bad ids, positions, sizes)."""
 
 
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+
+
+def as_int32(values: object, what: str, lo: int = INT32_MIN) -> np.ndarray:
+    """values as a flat int32 array, refusing first (naming the value as given) anything that is not an
+    integer in [lo, INT32_MAX]: a cast first would evaluate token 2**32 + 5 as token 5."""
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "iu" and arr.size:
+        arr = _exact_integers(values, what, lo)   # floats, bools, mixed or beyond-64-bit Python ints
+    arr = arr.reshape(-1)
+    bad = np.flatnonzero((arr < lo) | (arr > INT32_MAX)) if arr.size else ()
+    if len(bad):
+        raise _out_of_range(what, arr[bad[0]], int(bad[0]), lo)
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def _exact_integers(values: object, what: str, lo: int) -> np.ndarray:
+    items = np.asarray(values, dtype=object).reshape(-1)
+    out = []
+    for i, x in enumerate(items):   # only for input that is not an integer array already
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+            raise BatchError(f"{what} {x!r} at batch index {i} is not an integer")
+        if not lo <= int(x) <= INT32_MAX:   # report before numpy refuses what does not fit 64 bits
+            raise _out_of_range(what, int(x), i, lo)
+        out.append(int(x))
+    return np.asarray(out, dtype=np.int64)
+
+
+def _out_of_range(what: str, value: object, index: int, lo: int) -> BatchError:
+    return BatchError(f"{what} {value} at batch index {index} is outside [{lo}, {INT32_MAX}]")
+
+
 @dataclass
 class Batch:
     tokens: np.ndarray    # int32 [n]
@@ -21,10 +53,12 @@ class Batch:
     logits: np.ndarray    # bool [n]: whether to return logits for the token
 
     def __post_init__(self):
-        self.tokens = np.ascontiguousarray(self.tokens, dtype=np.int32).reshape(-1)
+        # a negative id survives the cast as itself; Context refuses it with the vocabulary's range
+        self.tokens = as_int32(self.tokens, "token id")
         n = len(self.tokens)
-        self.pos = np.ascontiguousarray(self.pos, dtype=np.int32).reshape(-1)
-        self.seq_id = np.broadcast_to(np.asarray(self.seq_id, dtype=np.int32), (n,)).copy()
+        self.pos = as_int32(self.pos, "position")
+        self.seq_id = np.broadcast_to(as_int32(self.seq_id, "sequence id").reshape(np.shape(self.seq_id)),
+                                      (n,)).copy()
         self.logits = np.broadcast_to(np.asarray(self.logits, dtype=bool), (n,)).copy()
         if len(self.pos) != n:
             raise BatchError(f"batch has {n} tokens but {len(self.pos)} positions")
@@ -35,7 +69,9 @@ class Batch:
         """A run of tokens of one sequence from position pos0; logits for the last (or all)."""
         n = len(tokens)
         logits = np.ones(n, bool) if all_logits else np.arange(n) == n - 1
-        return cls(np.asarray(tokens), np.arange(pos0, pos0 + n), seq_id, logits)
+        # not np.asarray(tokens): numpy turns [1, -1, 2**63] into floats, and the ids must be checked as given
+        return cls(tokens if isinstance(tokens, np.ndarray) else list(tokens), np.arange(pos0, pos0 + n), seq_id,
+                   logits)
 
     @property
     def n_tokens(self) -> int:

@@ -1,7 +1,9 @@
 """Chat templates: the model's ``tokenizer.chat_template`` (Jinja) rendered as Hugging Face renders it.
 
 The template runs in jinja2's ImmutableSandboxedEnvironment (no attribute access to internals, no
-mutation of lists or dicts it is given) with trim_blocks and lstrip_blocks, and the helpers real
+mutation of lists or dicts it is given) with a budget on operations, time and size (a template that
+loops forever or doubles a string ends with a ChatTemplateError; see core/template_sandbox.py), with
+trim_blocks and lstrip_blocks, and the helpers real
 templates call: ``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-ASCII text and
 takes indent / separators / sort_keys, the ``{% generation %}`` block, and loop controls. A model
 without a template gets llama.cpp's ChatML fallback. See docs/sampling.md ("Chat templates").
@@ -16,8 +18,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ggflow.core.template_sandbox import BudgetedSandbox, BudgetExceeded, TemplateBudget, render_budgeted
 from ggflow.errors import ChatTemplateError
 
 # llama.cpp's fallback (common/chat.cpp) when a model has no template, or names "chatml".
@@ -74,10 +76,10 @@ class _GenerationBlock(Extension):
         return caller()
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationBlock, "jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
+def _environment() -> BudgetedSandbox:
+    env = BudgetedSandbox(trim_blocks=True, lstrip_blocks=True,
+                          extensions=[_GenerationBlock, "jinja2.ext.loopcontrols"])
+    env.add_filter("tojson", _tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -92,10 +94,17 @@ class ChatTemplate:
     """A chat template ready to render conversations.
 
     ``source`` None or "" (or "chatml") uses the ChatML fallback (``is_fallback`` is then True).
-    ``bos_token`` / ``eos_token`` are the texts templates see as those variables.
+    ``bos_token`` / ``eos_token`` are the texts templates see as those variables. ``budget`` bounds
+    what one render may do (operations, seconds, characters): a template is code from the model file.
     """
 
-    def __init__(self, source: str | None = None, bos_token: str = "", eos_token: str = ""):
+    def __init__(self, source: str | None = None, bos_token: str = "", eos_token: str = "",
+                 budget: TemplateBudget = TemplateBudget()):
+        if source is not None and not isinstance(source, str):   # e.g. tokenizer.chat_template stored as a u32
+            found = f"an array of {len(source)}" if isinstance(source, (list, tuple)) or hasattr(source, "shape") \
+                else f"{type(source).__name__} {source!r:.40}"
+            raise ChatTemplateError(f"tokenizer.chat_template must be a string, found {found}")
+        self.budget = budget
         self.is_fallback = not source or source == "chatml"
         self.source = CHATML_TEMPLATE if self.is_fallback else source
         self.bos_token, self.eos_token = bos_token or "", eos_token or ""
@@ -113,12 +122,16 @@ class ChatTemplate:
 
         Falls back to the ``tool_use`` template, then to ChatML, as llama.cpp does.
         """
-        source = get("tokenizer.chat_template") or get("tokenizer.chat_template.tool_use")
-        tokens = vocab_tokens if vocab_tokens is not None else (get("tokenizer.ggml.tokens") or [])
+        source = get("tokenizer.chat_template")
+        if source is None or (isinstance(source, str) and not source):
+            source = get("tokenizer.chat_template.tool_use")
+        tokens = vocab_tokens if vocab_tokens is not None else get("tokenizer.ggml.tokens")
+        tokens = tokens if isinstance(tokens, (list, tuple)) else []
 
         def token_text(key: str) -> str:
             tid = get(key)
-            return str(tokens[int(tid)]) if tid is not None and 0 <= int(tid) < len(tokens) else ""
+            ok = isinstance(tid, int) and not isinstance(tid, bool) and 0 <= tid < len(tokens)
+            return str(tokens[tid]) if ok else ""
 
         return cls(source, token_text("tokenizer.ggml.bos_token_id"), token_text("tokenizer.ggml.eos_token_id"))
 
@@ -146,9 +159,18 @@ class ChatTemplate:
         return self._render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs)
 
     def _render(self, messages: list, **variables: Any) -> str:
+        try:
+            return self._render_within_budget(messages, **variables)
+        except BudgetExceeded as exc:
+            raise ChatTemplateError(f"chat template exceeded its budget: {exc}") from None
+
+    def _render_within_budget(self, messages: list, **variables: Any) -> str:
+        """Render; BudgetExceeded passes through, every other failure is a ChatTemplateError."""
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **variables, "messages": messages}
         try:
-            return self._template.render(**context)
+            return render_budgeted(self._template, self.budget.for_messages(len(messages)), context)
+        except BudgetExceeded:
+            raise
         except _TemplateRaised as exc:
             raise ChatTemplateError(f"chat template raised: {exc}") from None
         except jinja2.TemplateError as exc:
@@ -162,10 +184,13 @@ class ChatTemplate:
         if kind not in self._caps:
             content: Any = _PROBE if kind == "string" else [{"type": "text", "text": _PROBE}]
             try:
-                out = self._render([{"role": "user", "content": content}], add_generation_prompt=False, tools=None)
+                out = self._render_within_budget([{"role": "user", "content": content}],
+                                                 add_generation_prompt=False, tools=None)
                 self._caps[kind] = _PROBE in out
             except ChatTemplateError:
                 self._caps[kind] = False
+            except BudgetExceeded as exc:   # one message past the budget: the real render would be too
+                raise ChatTemplateError(f"chat template exceeded its budget: {exc}") from None
         return self._caps[kind]
 
     def _normalize_content(self, messages: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

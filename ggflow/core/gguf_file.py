@@ -12,6 +12,7 @@ offset u64); padding to general.alignment (default 32); tensor data at data_star
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -66,36 +67,53 @@ class GGUFFile:
                                  "(versions 2 and 3, little-endian, are)")
         self.pos = 24
         self.fields: dict[str, Any] = {}
+        self.types: dict[str, tuple[int, int | None]] = {}   # key -> (GGUF value type, array element type)
         self.kv_spans: dict[str, tuple[int, int]] = {}  # every key, in file order: its entry's bytes
         for _ in range(n_kv):
             start = self.pos
             key = self._string()
+            if key in self.kv_spans:   # gguf_init_from_file refuses a duplicated key too
+                raise ModelLoadError(f"{self.path}: metadata key {key!r} appears twice")
             (vtype,) = self._unpack("<I")
+            itype = struct.unpack_from("<I", mm, self.pos)[0] if vtype == ARRAY else None
             wanted = keep(key) or key == "general.alignment"
             value = self._value(vtype, wanted)
             if wanted:
-                self.fields[key] = value
+                self.fields[key], self.types[key] = value, (vtype, itype)
             self.kv_spans[key] = (start, self.pos)
         self.tensors: list[TensorInfo] = []
         if not read_tensors:
             return
-        infos = []
+        infos, names = [], set()
         for _ in range(n_tensors):
             name = self._string()
+            if name in names:
+                raise ModelLoadError(f"{self.path}: tensor {name!r} appears twice")
+            names.add(name)
             (n_dims,) = self._unpack("<I")
             if n_dims > 4:
                 raise ModelLoadError(f"{self.path}: tensor {name!r} has {n_dims} dimensions (at most 4)")
             ne = self._unpack(f"<{n_dims}Q")
+            # ggml counts elements in int64: refuse what would overflow it (as gguf_init_from_file does)
+            if math.prod(ne) >= 2**63 or any(n >= 2**63 for n in ne):
+                raise ModelLoadError(f"{self.path}: tensor {name!r} has shape {list(ne)}: too many elements")
             type_id, offset = self._unpack("<IQ")
             infos.append((name, type_id, tuple(int(n) for n in ne), offset))
-        self.alignment = int(self.fields.get("general.alignment", DEFAULT_ALIGNMENT))
-        if self.alignment <= 0 or self.alignment & (self.alignment - 1):
-            raise ModelLoadError(f"{self.path}: general.alignment {self.alignment} is not a power of two")
+        self.alignment = self._alignment()
         self.data_start = -(-self.pos // self.alignment) * self.alignment
         for name, type_id, ne, offset in infos:
             if offset % self.alignment:
                 raise ModelLoadError(f"{self.path}: tensor {name!r} data offset {offset} is not aligned")
             self.tensors.append(TensorInfo(name, type_id, ne, self.data_start + offset))
+
+    def _alignment(self) -> int:
+        alignment = self.fields.get("general.alignment", DEFAULT_ALIGNMENT)
+        if isinstance(alignment, bool) or not isinstance(alignment, int):
+            raise ModelLoadError(f"{self.path}: metadata key 'general.alignment' must be an integer, "
+                                 f"found {type(alignment).__name__} {alignment!r:.40}")
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ModelLoadError(f"{self.path}: general.alignment {alignment} is not a power of two")
+        return alignment
 
     def _unpack(self, fmt: str) -> tuple:
         values = struct.unpack_from(fmt, self._mm, self.pos)

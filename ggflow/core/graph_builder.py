@@ -27,7 +27,8 @@ class Norm(Enum):
 
 
 class FFN(Enum):
-    SILU_GATED = "silu_gated"   # down(silu(gate(x)) * up(x)): llama, qwen
+    SILU_GATED = "silu_gated"   # down(silu(gate(x)) * up(x)): llama, qwen (SwiGLU)
+    GELU_GATED = "gelu_gated"   # down(gelu(gate(x)) * up(x)): GEGLU (gelu with the tanh approximation)
     GELU = "gelu"               # down(gelu(up(x))): gpt2
 
 
@@ -48,8 +49,10 @@ class GraphBuilder:
         return self.model.w
 
     # -- blocks --------------------------------------------------------------------------------
-    def token_embeddings(self, tok_embd: Tensor) -> Tensor:
-        return ops.get_rows(tok_embd, self.inp_tokens)                            # [n_embd, n_tokens]
+    def token_embeddings(self, tok_embd: Tensor, scale: float | None = None) -> Tensor:
+        """The rows of tok_embd for the ubatch's tokens, times scale when given (e.g. sqrt(n_embd))."""
+        x = ops.get_rows(tok_embd, self.inp_tokens)                               # [n_embd, n_tokens]
+        return ops.scale(x, scale) if scale is not None else x
 
     def position_embeddings(self, pos_embd: Tensor) -> Tensor:
         return ops.get_rows(pos_embd, self.inp_pos)                               # [n_embd, n_tokens]
@@ -80,19 +83,27 @@ class GraphBuilder:
         return (self.split_heads(q, hp.n_embd_head_k), self.split_heads(k, hp.n_embd_head_k),
                 self.split_heads(v, hp.n_embd_head_v))
 
-    def rope(self, x: Tensor, freq_factors: Tensor | None = None) -> Tensor:
+    def rope(self, x: Tensor, freq_factors: Tensor | None = None, *, freq_base: float | None = None,
+             freq_scale: float | None = None, attn_factor: float = 1.0) -> Tensor:
         """Rotate the first n_rot dims of each head of x [head_dim, n_head, n_tokens] by its position.
 
-        freq_factors (Llama 3's rope_freqs) divide each rotated pair's frequency, when given.
+        freq_factors (Llama 3's rope_freqs) divide each rotated pair's frequency, when given. freq_base and
+        freq_scale default to the model's; a layer with its own (a sliding-window layer, often) passes them.
+        attn_factor multiplies the rotated values (cos and sin), as ggml_rope_ext's attn_factor.
         """
         hp = self.hp
-        return ops.rope(x, self.inp_pos, hp.n_rot, hp.rope_type, freq_base=hp.rope_freq_base,
-                        freq_scale=hp.rope_freq_scale, n_ctx_orig=hp.n_ctx_train, freq_factors=freq_factors)
+        return ops.rope(x, self.inp_pos, hp.n_rot, hp.rope_type,
+                        freq_base=hp.rope_freq_base if freq_base is None else freq_base,
+                        freq_scale=hp.rope_freq_scale if freq_scale is None else freq_scale,
+                        n_ctx_orig=hp.n_ctx_train, attn_factor=attn_factor, freq_factors=freq_factors)
 
-    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None) -> Tensor:
+    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None,
+                  softcap: float | None = None) -> Tensor:
         """Write this ubatch's K/V into the memory, attend over its first n_kv cells.
 
         q [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens] -> [n_embd_v, n_tokens].
+        softmax(kq * kq_scale + mask) with the mask the memory gives layer il (a sliding-window layer's is
+        windowed); softcap: kq = softcap * tanh(kq / softcap) first (attention logit softcapping).
         """
         mem, inp = self.memory, self.inp_memory
         # The writes are expanded first so every read below comes after them in the graph order.
@@ -102,8 +113,10 @@ class GraphBuilder:
         q = ops.permute(q, 0, 2, 1, 3)                                           # [hd, n_tokens, n_head]
         keys = ops.permute(keys, 0, 2, 1, 3)                                     # [hd, n_kv, n_head_kv]
         kq = ops.mul_mat(keys, q)                                                # [n_kv, n_tokens, n_head]
+        if softcap is not None:
+            kq = self.softcap(kq, softcap)
         scale = kq_scale if kq_scale is not None else 1.0 / math.sqrt(self.hp.n_embd_head_k)
-        kq = ops.soft_max(kq, inp.kq_mask, scale)
+        kq = ops.soft_max(kq, mem.kq_mask(il, inp), scale)
         values = ops.permute(values, 1, 2, 0, 3)                                 # [n_kv, hd_v, n_head_kv]
         kqv = ops.mul_mat(values, kq)                                            # [hd_v, n_tokens, n_head]
         out = ops.cont(ops.permute(kqv, 0, 2, 1, 3))                             # [hd_v, n_head, n_tokens]
@@ -111,12 +124,17 @@ class GraphBuilder:
 
     def ffn(self, x: Tensor, *, up: Tensor, down: Tensor, gate: Tensor | None = None, kind: FFN,
             up_b: Tensor | None = None, gate_b: Tensor | None = None, down_b: Tensor | None = None) -> Tensor:
-        """The feed-forward block: down(act(up(x))), or down(silu(gate(x)) * up(x)) when gated."""
-        if kind is FFN.SILU_GATED:
-            h = ops.mul(ops.silu(self.linear(x, gate, gate_b)), self.linear(x, up, up_b))
+        """The feed-forward block: down(act(up(x))), or down(act(gate(x)) * up(x)) when gated."""
+        if kind in (FFN.SILU_GATED, FFN.GELU_GATED):
+            act = ops.silu if kind is FFN.SILU_GATED else ops.gelu
+            h = ops.mul(act(self.linear(x, gate, gate_b)), self.linear(x, up, up_b))
         else:
             h = ops.gelu(self.linear(x, up, up_b))
         return self.linear(h, down, down_b)
+
+    def softcap(self, x: Tensor, cap: float) -> Tensor:
+        """cap * tanh(x / cap): squash values into (-cap, cap) (attention and final-logit softcapping)."""
+        return ops.scale(ops.tanh(ops.scale(x, 1.0 / cap)), cap)
 
     def select_outputs(self, *xs: Tensor) -> tuple[Tensor, ...]:
         """Keep only the tokens whose logits are wanted (done before the last FFN, as llama.cpp does)."""

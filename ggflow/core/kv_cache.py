@@ -1,20 +1,27 @@
 """The unified KV cache: per layer, K and V rows for ``size`` cells shared by every sequence.
 
 Each cell records the position it holds (-1: free) and the set of sequences that see it. ``begin``
-places a batch's ubatches in the first free cells, in order; the graph attends over the first ``n_kv``
-cells (padded, so the graph's shape changes rarely) and the mask says which of them each token sees.
+places a batch's ubatches in free cells, in order: each sequence's tokens go after the last cell it
+already holds, so a sequence's cells stay in position order wherever other sequences sit between
+them. The attention sums over cells in cell order and a masked cell adds an exact zero, so that keeps
+a sequence's result the same bits whether it ran alone or among others (after prefix reuse too). The
+graph attends over the first ``n_kv`` cells (padded, so the graph's shape changes rarely) and the mask
+says which of them each token sees.
+With a ``SlidingWindow``, the local layers read a second mask that also hides the cells beyond the window
+(every layer keeps every cell: a window-sized cache for the local layers, as llama.cpp's iswa cache, is
+not built yet).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
 from ggflow.core import ops
 from ggflow.core.backend import Backend
 from ggflow.core.batch import UBatch
-from ggflow.core.memory import MAX_SEQ, N_KV_PAD, KVInputs, Memory, MemoryBatch, Slot
+from ggflow.core.memory import MAX_SEQ, N_KV_PAD, KVInputs, Memory, MemoryBatch, SlidingWindow, Slot
 from ggflow.core.model import HParams
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.errors import GGFlowError
@@ -36,10 +43,18 @@ class Cells:
 
 class KVCache(Memory):
     def __init__(self, hp: HParams, size: int, backend: Backend, type_k: str = "F16", type_v: str = "F16",
-                 n_seq_max: int = MAX_SEQ):
+                 n_seq_max: int = MAX_SEQ, swa: SlidingWindow | None = None,
+                 layer_rope: Sequence[tuple[float, float]] | None = None):
+        """swa: the sliding-window layers, which read a windowed mask. layer_rope: each layer's RoPE
+        (freq_base, freq_scale) where layers differ (the K-shift must re-rotate as the graph rotated)."""
         if size <= 0:
             raise GGFlowError(f"KV cache size must be positive, got {size}")
+        if layer_rope is not None and len(layer_rope) != hp.n_layer:
+            raise GGFlowError(f"layer_rope has {len(layer_rope)} entries for {hp.n_layer} layers")
         self.hp, self.size, self.backend, self.n_seq_max = hp, size, backend, n_seq_max
+        self.swa = swa
+        self.layer_rope = tuple(layer_rope) if layer_rope is not None else \
+            ((hp.rope_freq_base, hp.rope_freq_scale),) * hp.n_layer
         self.k = [Tensor(type_k, (hp.n_embd_k_gqa, size), name=f"cache_k_l{il}", flags=TensorFlag.PARAM)
                   for il in range(hp.n_layer)]
         self.v = [Tensor(type_v, (hp.n_embd_v_gqa, size), name=f"cache_v_l{il}", flags=TensorFlag.PARAM)
@@ -75,11 +90,20 @@ class KVCache(Memory):
         return MemoryBatch(steps, self._apply, restore)
 
     def _find_slot(self, ubatch: UBatch, pos: np.ndarray, seq: np.ndarray) -> Slot | None:
-        """The first free cells of (pos, seq) for the ubatch, with the state after it is written."""
-        free = np.flatnonzero(pos < 0)
-        if len(free) < ubatch.n_tokens:
+        """Free cells of (pos, seq) for the ubatch, with the state after it is written."""
+        free = pos < 0
+        if int(free.sum()) < ubatch.n_tokens:
             return None
-        cells = free[: ubatch.n_tokens].astype(np.int32)
+        cells = np.empty(ubatch.n_tokens, dtype=np.int32)
+        for s in np.unique(ubatch.seq_id):   # one pass per sequence in the ubatch, not per token
+            rows = np.flatnonzero(ubatch.seq_id == s)
+            held = np.flatnonzero(seq[:, s])
+            after = int(held[-1]) + 1 if len(held) else 0
+            room = np.flatnonzero(free[after:]) + after
+            if len(room) < len(rows):   # no room past its last cell: any free cells (order, not correctness, lost)
+                room = np.flatnonzero(free)
+            cells[rows] = room[: len(rows)]
+            free[cells[rows]] = False
         pos, seq = pos.copy(), seq.copy()
         pos[cells] = ubatch.pos
         seq[cells, ubatch.seq_id] = True
@@ -104,16 +128,29 @@ class KVCache(Memory):
 
     # -- graph building ----------------------------------------------------------------------------
     def build_inputs(self, n_tokens: int, n_kv: int) -> KVInputs:
+        swa = ops.new_input("F32", (n_kv, n_tokens), "inp_kq_mask_swa") if self.swa else None
         return KVInputs(ops.new_input("I32", (n_tokens,), "inp_kv_idxs"),
-                        ops.new_input("F32", (n_kv, n_tokens), "inp_kq_mask"))
+                        ops.new_input("F32", (n_kv, n_tokens), "inp_kq_mask"), swa)
 
     def input_data(self, inputs: KVInputs, ubatch: UBatch, slot: Slot) -> dict[Tensor, np.ndarray]:
-        return {inputs.kv_idxs: slot.cells, inputs.kq_mask: self.mask(slot, ubatch)}
+        data = {inputs.kv_idxs: slot.cells, inputs.kq_mask: self.mask(slot, ubatch)}
+        if inputs.kq_mask_swa is not None:
+            data[inputs.kq_mask_swa] = self.mask(slot, ubatch, self.swa.n_swa)
+        return data
 
-    def mask(self, slot: Slot, ubatch: UBatch) -> np.ndarray:
-        """float32 [n_tokens, n_kv]: 0 where a token may attend to a cell, -inf elsewhere (causal, per seq)."""
+    def kq_mask(self, il: int, inputs: KVInputs) -> Tensor:
+        if self.swa is not None and il in self.swa.layers:
+            return inputs.kq_mask_swa
+        return inputs.kq_mask
+
+    def mask(self, slot: Slot, ubatch: UBatch, window: int = 0) -> np.ndarray:
+        """float32 [n_tokens, n_kv]: 0 where a token may attend to a cell, -inf elsewhere (causal, per seq).
+
+        window > 0: also -inf where the cell is window or more positions behind the token."""
         pos, seq = slot.pos[: slot.n_kv], slot.seq[: slot.n_kv]
         visible = seq[:, ubatch.seq_id].T & (pos[None, :] <= ubatch.pos[:, None]) & (pos[None, :] >= 0)
+        if window > 0:
+            visible &= ubatch.pos[:, None] - pos[None, :] < window
         return np.where(visible, np.float32(0), np.float32(-np.inf))
 
     def cpy_k(self, il: int, k_cur: Tensor, idxs: Tensor) -> Tensor:

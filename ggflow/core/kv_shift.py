@@ -23,8 +23,9 @@ def apply_k_shift(kv: "KVCache", scheduler: Scheduler) -> None:
     graph = Graph()
     for il in range(hp.n_layer):
         keys = kv.get_k(il, kv.size)
-        rotated = ops.rope(ops.cont(keys), shift, hp.n_rot, hp.rope_type, freq_base=hp.rope_freq_base,
-                           freq_scale=hp.rope_freq_scale, n_ctx_orig=hp.n_ctx_train)
+        freq_base, freq_scale = kv.layer_rope[il]
+        rotated = ops.rope(ops.cont(keys), shift, hp.n_rot, hp.rope_type, freq_base=freq_base,
+                           freq_scale=freq_scale, n_ctx_orig=hp.n_ctx_train)
         graph.expand(ops.cpy(rotated, keys))
     scheduler.alloc(graph)
     scheduler.set_input(shift, kv.shift)

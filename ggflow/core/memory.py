@@ -42,6 +42,25 @@ class KVInputs:
     """The graph inputs that belong to the memory, made once per graph by ``Memory.build_inputs``."""
     kv_idxs: Tensor        # I32 [n_tokens]: the cell each token's K/V row is written to
     kq_mask: Tensor        # F32 [n_kv, n_tokens]: 0 where a token may attend to a cell, -inf elsewhere
+    kq_mask_swa: Tensor | None = None   # the same for sliding-window layers: also -inf beyond the window
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    """Layers that attend only to the last ``n_swa`` positions (llama.cpp's LLAMA_SWA_TYPE_STANDARD).
+
+    A token at position p sees a cell at position p0 of such a layer when p - p0 < n_swa."""
+    n_swa: int
+    layers: frozenset[int]   # the local (windowed) layers; the others attend over everything
+
+    def __post_init__(self):
+        if self.n_swa <= 0:
+            raise GGFlowError(f"a sliding window needs n_swa > 0, got {self.n_swa}")
+
+    @classmethod
+    def every(cls, n_swa: int, n_layer: int, pattern: int) -> "SlidingWindow":
+        """llama.cpp's set_swa_pattern: of each ``pattern`` layers, all but the last are local."""
+        return cls(n_swa, frozenset(il for il in range(n_layer) if pattern == 0 or il % pattern < pattern - 1))
 
 
 class MemoryBatch:
@@ -101,9 +120,9 @@ class Memory(ABC):
     State is cells: each holds a position (or is free) and the set of sequences that see it. Context
     calls, per decode: ``update(scheduler)`` (pending work such as the K-shift, on the Context's
     scheduler), then ``begin(ubatches)``, and per ubatch ``input_data`` for the graph built over
-    ``build_inputs``; ``GraphBuilder.attention`` calls ``cpy_k``/``cpy_v``/``get_k``/``get_v``. The
-    sequence verbs (``seq_*``, ``clear``) are llama.cpp's ``llama_memory_*`` calls, for users and the
-    serving engine.
+    ``build_inputs``; ``GraphBuilder.attention`` calls ``cpy_k``/``cpy_v``/``get_k``/``get_v`` and
+    ``kq_mask`` (which of the memory's masks a layer reads). The sequence verbs (``seq_*``, ``clear``)
+    are llama.cpp's ``llama_memory_*`` calls, for users and the serving engine.
     """
 
     size: int          # cells
@@ -131,6 +150,11 @@ class Memory(ABC):
     @abstractmethod
     def input_data(self, inputs: KVInputs, ubatch: UBatch, slot: Slot) -> dict[Tensor, np.ndarray]:
         """The values of ``inputs`` for a ubatch placed at ``slot``."""
+
+    def kq_mask(self, il: int, inputs: KVInputs) -> Tensor:
+        """The mask layer il's attention reads: the windowed one for a sliding-window layer, where the
+        memory has one (``GraphBuilder.attention`` asks for it per layer)."""
+        return inputs.kq_mask
 
     @abstractmethod
     def cpy_k(self, il: int, k_cur: Tensor, idxs: Tensor) -> Tensor:

@@ -18,39 +18,13 @@ import numpy as np
 
 from ggflow.core.backend import HostBuffer
 from ggflow.core.gguf_file import GGUFFile
+from ggflow.core.metadata import Metadata  # noqa: F401  (re-exported: architectures import it from here)
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.core.weights import load_weights
 from ggflow.errors import GGFlowError, ModelLoadError, UnknownNameError
 
 if TYPE_CHECKING:
     from ggflow.core.arch import Architecture
-
-
-class Metadata:
-    """Typed access to a GGUF file's key/value metadata, with errors that name the file and key."""
-
-    def __init__(self, fields: dict[str, Any], path: str):
-        self.fields, self.path = fields, path
-        self.arch = str(self.get("general.architecture", ""))
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.fields.get(key, default)
-
-    def require(self, key: str) -> Any:
-        value = self.get(key)
-        if value is None:
-            raise ModelLoadError(f"{self.path}: required metadata key {key!r} is missing")
-        return value
-
-    def arch_get(self, suffix: str, default: Any = None) -> Any:
-        """A key under the architecture's prefix, e.g. arch_get("block_count") -> llama.block_count."""
-        return self.get(f"{self.arch}.{suffix}", default)
-
-    def arch_require(self, suffix: str) -> Any:
-        return self.require(f"{self.arch}.{suffix}")
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.fields
 
 
 @dataclass
@@ -89,7 +63,7 @@ class Model:
         self.weights = weights    # every tensor in the file, by name
         self.w = w                # the architecture's weight record: w.tok_embd, w.layers[il].wq, ...
         self.buffer = buffer
-        self.metadata = Metadata(file.fields, path)
+        self.metadata = Metadata(file.fields, path, file.types)
         self._vocab = None
 
     @classmethod
@@ -98,7 +72,7 @@ class Model:
 
         path = str(path)
         file = GGUFFile(path)
-        meta = Metadata(file.fields, path)
+        meta = Metadata(file.fields, path, file.types)
         if not meta.arch:
             raise ModelLoadError(f"{path}: general.architecture is missing")
         try:
@@ -115,7 +89,7 @@ class Model:
     def vocab(self):
         if self._vocab is None:
             from ggflow.core.vocab import Vocab
-            self._vocab = Vocab(self.file.fields, self.path)
+            self._vocab = Vocab(self.metadata, self.path)   # typed reads, errors naming the GGUF types
         return self._vocab
 
     @property

@@ -5,12 +5,13 @@ inputs and raises ``ShapeError`` naming the op and the shapes when they don't fi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from ggflow.core.tensor import MAX_DIMS, Tensor, TensorFlag
 from ggflow.core.types import TypeTraits, type_traits
-from ggflow.errors import ShapeError
+from ggflow.errors import PluginError, ShapeError, UnknownNameError
 
 # RoPE modes, as ggml numbers them.
 ROPE_NORMAL = 0   # rotate adjacent pairs (x[2i], x[2i+1]): llama as GGUF stores its Q/K
@@ -35,6 +36,7 @@ class Op(StrEnum):
     SOFT_MAX = "soft_max"
     SILU = "silu"
     GELU = "gelu"
+    TANH = "tanh"
     VIEW = "view"
     RESHAPE = "reshape"
     PERMUTE = "permute"
@@ -52,6 +54,53 @@ PURE_VIEWS: frozenset[Op] = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE})
 # Views that write: the result is the destination's memory (src[0] for set_rows, src[1] for cpy), so
 # the backend that holds the destination must run them.
 IN_PLACE: frozenset[Op] = frozenset({Op.SET_ROWS, Op.CPY})
+
+
+@dataclass(frozen=True)
+class PluginOp:
+    """An op an architecture adds to the op set: how to shape its result, and what it computes.
+
+    shape(src, params) -> (type name, ne) of the result; it raises ShapeError for sources that don't fit.
+    reference(arrays, params) -> the result as float32 values shaped ne[::-1]: arrays are the sources as
+    numpy arrays in numpy order (ne reversed, 4 axes), float32 for every float or quantized source and as
+    stored for integer ones. numpy or numba: the CPU backend runs it for any node of this op it has no
+    kernel for, so the op works everywhere at once; a backend gets fast at it by handling ``name`` in its
+    ``supports_op`` and compile (nodes of the op carry ``Tensor.op == name``).
+    """
+    name: str
+    shape: Callable[[Sequence[Tensor], tuple[Any, ...]], tuple[str, Sequence[int]]]
+    reference: Callable[[list[Any], tuple[Any, ...]], Any]
+
+
+_plugin_ops: dict[str, PluginOp] = {}
+
+
+def register_op(name: str, shape: Callable, reference: Callable) -> PluginOp:
+    """Add an op to the op set (an architecture calls this from its register_architectures hook).
+
+    Registering the same functions again is a no-op; another op under a taken name is a PluginError."""
+    if any(name == op for op in Op):
+        raise PluginError(f"op {name!r} is a built-in op; a plugin op needs a name of its own")
+    spec = PluginOp(name, shape, reference)
+    known = _plugin_ops.get(name)
+    if known is not None and known != spec:
+        raise PluginError(f"op {name!r} is already registered (reference {known.reference!r})")
+    _plugin_ops[name] = spec
+    return spec
+
+
+def plugin_op(name: str) -> PluginOp | None:
+    """The registered plugin op of that name, or None (a built-in op, or nothing)."""
+    return _plugin_ops.get(name)
+
+
+def custom(name: str, *src: Tensor, params: Sequence[Any] = ()) -> Tensor:
+    """A node of a registered plugin op over src, with op_params params."""
+    spec = _plugin_ops.get(name)
+    if spec is None:
+        raise UnknownNameError("plugin op (ggflow.core.ops.register_op)", name, list(_plugin_ops))
+    type_name, ne = spec.shape(src, tuple(params))
+    return _op(type_name, ne, name, src, tuple(params))  # type: ignore[arg-type]
 
 
 def _shape(t: Tensor) -> str:
@@ -106,6 +155,10 @@ def silu(a: Tensor) -> Tensor:
 def gelu(a: Tensor) -> Tensor:
     """GELU with the tanh approximation, as ggml_gelu computes it."""
     return _op(a.type, a.ne, Op.GELU, (a,))
+
+
+def tanh(a: Tensor) -> Tensor:
+    return _op(a.type, a.ne, Op.TANH, (a,))
 
 
 # -- normalization -------------------------------------------------------------------------------

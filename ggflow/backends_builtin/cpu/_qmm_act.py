@@ -98,7 +98,7 @@ def f16_signed_round(v):
     return -f16_round(-v) if v < 0 else f16_round(v)
 
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True, fastmath=False, error_model="numpy")   # C's 1 / -0.0 = -inf for an infinite row, not a raise
 def quantize_q8_K(x, xq, d, bsums):
     """x (n, k) f32 -> xq (n, k) i16, d (n, k//256) f32, bsums (n, k//16) i32 (sums of 16)."""
     n, k = x.shape

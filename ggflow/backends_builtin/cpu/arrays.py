@@ -11,7 +11,7 @@ conversion does; any other type through ``TypeTraits.from_float``).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -33,6 +33,42 @@ class TensorArrays:
     def view(self, t: Tensor) -> np.ndarray:
         memory_of, offset = substituted_memory(t, self.substitutes, "CPU")
         return _host_view(memory_of, t, offset)
+
+
+    def f32_reader(self, t: Tensor) -> Callable[[], np.ndarray]:
+        """A function returning t's values as float32 (numpy shape ne[::-1]), read afresh on each call.
+
+        A blocked (quantized) view whose blocks do not run along ne[0] -- V of a quantized KV cache,
+        permuted so that cells run along ne[0] for V x P -- has no per-row byte layout to decode:
+        the rows of its base tensor that it spans are decoded and the view's strides applied to the
+        float32 values instead (a byte stride s of the blocked layout is s * block_size / type_size
+        floats; the blocked dimension's own stride, one block, is one float).
+        """
+        traits = t.type
+        if traits.block_size == 1 or t.nb[0] == traits.type_size:
+            view = self.view(t)
+            return lambda: to_f32(view, traits)
+        root = t.base()
+        if root.type is not traits or not root.is_contiguous():
+            raise BackendError(f"{t!r}: a {traits.name} view whose blocks do not run along ne[0] must view a "
+                               "contiguous tensor of its type")
+        rows = self.view(root).reshape(-1, root.row_bytes)
+        bs, ts, row_bytes = traits.block_size, traits.type_size, root.row_bytes
+        blocked = next(d for d in range(4) if t.nb[d] == ts and t.ne[d] % bs == 0)
+        offset = t.base_offset()
+        last = offset + (t.ne[blocked] // bs) * ts + sum((t.ne[d] - 1) * t.nb[d] for d in range(4) if d != blocked)
+        r0, r1 = offset // row_bytes, -(-last // row_bytes)
+        if any(t.nb[d] % ts for d in range(4)) or offset % ts:
+            raise BackendError(f"{t!r}: strides are not whole {traits.name} blocks")
+        floats = [1 if d == blocked else t.nb[d] // ts * bs for d in range(4)]
+        start = (offset - r0 * row_bytes) // ts * bs
+        shape = tuple(t.ne[::-1])
+        strides = tuple(F32.itemsize * f for f in floats[::-1])
+
+        def read() -> np.ndarray:
+            values = to_f32(rows[r0:r1], traits).reshape(-1)
+            return np.lib.stride_tricks.as_strided(values[start:], shape, strides, writeable=False)
+        return read
 
 
 def _host_view(memory_of: Tensor, shaped_as: Tensor, extra_offset: int) -> np.ndarray:

@@ -10,7 +10,7 @@ from functools import partial
 from typing import Callable, ClassVar, Mapping, Sequence
 
 from ggflow.core.backend import Backend, BackendOptions, HostBuffer
-from ggflow.core.ops import PURE_VIEWS, Op
+from ggflow.core.ops import PURE_VIEWS, Op, plugin_op
 from ggflow.core.tensor import Tensor
 from ggflow.errors import BackendError
 
@@ -81,10 +81,11 @@ class CPUBackend(Backend):
         for node in nodes:
             if node.op in PURE_VIEWS or node.nelements == 0:
                 continue
-            bind = binders.get(node.op)
+            bind = binders.get(node.op) or _reference_binder(node.op)
             if bind is None:
-                raise BackendError(f"the cpu backend has no kernel for op {node.op!r} (node {node!r}); "
-                                   f"it runs: {', '.join(sorted(binders))}")
+                raise BackendError(f"the cpu backend has no kernel for op {node.op!r} (node {node!r}) and no "
+                                   f"plugin registered it (ggflow.core.ops.register_op); it runs: "
+                                   f"{', '.join(sorted(binders))}")
             kernels.append(bind(node, arrays))
         return CPUPlan(kernels, self.n_threads)
 
@@ -101,6 +102,7 @@ def _kernel_binders() -> dict[Op, Binder]:
         Op.SCALE: kernels_elementwise.bind_scale,
         Op.SILU: kernels_elementwise.bind_silu,
         Op.GELU: kernels_elementwise.bind_gelu,
+        Op.TANH: kernels_elementwise.bind_tanh,
         Op.RMS_NORM: kernels_norm.bind_rms_norm,
         Op.NORM: kernels_norm.bind_norm,
         Op.ROPE: kernels_rope.bind_rope,
@@ -110,6 +112,15 @@ def _kernel_binders() -> dict[Op, Binder]:
         Op.CPY: kernels_rows.bind_cpy,
         Op.CONT: kernels_rows.bind_cont,
     }
+
+
+def _reference_binder(op: str) -> Binder | None:
+    """A plugin op runs its registered reference implementation (numpy or numba) here."""
+    spec = plugin_op(op)
+    if spec is None:
+        return None
+    from ggflow.backends_builtin.cpu.kernels_reference import bind_reference
+    return partial(bind_reference, spec=spec)
 
 
 def _mul_mat_binder() -> Binder:

@@ -1,4 +1,4 @@
-"""Elementwise ops: add and mul (with ggml's repeat broadcasting), scale, silu, gelu. Vectorized numpy.
+"""Elementwise ops: add and mul (with ggml's repeat broadcasting), scale, silu, tanh, gelu. Vectorized numpy.
 
 F16 tensors are computed in float32 and rounded once to F16, as ggml's CPU kernels do; numpy ufuncs with
 ``dtype=float32`` and an F16 ``out`` do exactly that.
@@ -88,6 +88,16 @@ def silu_f32(x: np.ndarray, out: np.ndarray) -> None:
 
 def bind_silu(node: Tensor, arrays: TensorArrays) -> Kernel:
     return _bind_unary(node, arrays, silu_f32)
+
+
+# -- tanh ----------------------------------------------------------------------------------------
+def tanh_f32(x: np.ndarray, out: np.ndarray) -> None:
+    """ggml_vec_tanh_f32 is libm's tanhf per element; numpy's float32 tanh differs from it by an ulp at most."""
+    np.tanh(x, out=out, dtype=F32)
+
+
+def bind_tanh(node: Tensor, arrays: TensorArrays) -> Kernel:
+    return _bind_unary(node, arrays, tanh_f32)
 
 
 # -- gelu ----------------------------------------------------------------------------------------

@@ -166,6 +166,7 @@ def _bind_fixed_order(node: Tensor, arrays: TensorArrays) -> Kernel:
     tasks = fixed_order.n_tasks(a_shape, b_view.shape)
     a_native, x_native = _native_operand(a_view, a.type), _native_operand(b_view, b.type)
     a_memory = fixed_order.as_memory(a_native) if a_native is not None else None
+    a_f32 = arrays.f32_reader(a) if a_native is None else None   # e.g. V of a quantized cache
     round_x = vec_dot_rounding(a.type, k)
     x_in_place = x_native is not None and a.type.vec_dot_type in ("F32", "F16")
     round_x_to_f16 = x_in_place and a.type.vec_dot_type == "F16"
@@ -175,7 +176,7 @@ def _bind_fixed_order(node: Tensor, arrays: TensorArrays) -> Kernel:
     target = out if out.dtype == F32 and out.flags.c_contiguous else np.empty(out.shape, F32)
 
     def run() -> None:
-        a_data, a_step = a_memory if a_memory is not None else fixed_order.as_memory(to_f32(a_view, a.type))
+        a_data, a_step = a_memory if a_memory is not None else fixed_order.as_memory(a_f32())
         x = x_native if x_in_place else round_x(to_f32(b_view, b.type))
         kernel(a_data, a_shape, a_step, np.ascontiguousarray(x), target, round_x_to_f16, tasks)
         if target is not out:

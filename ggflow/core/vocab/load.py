@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from ggflow.core.metadata import Metadata
 from ggflow.core.vocab.attrs import (ATTR_OF_TYPE, CONTROL, LSTRIP, NORMAL, PARTITIONED, RSTRIP, UNUSED,
                                      USER_DEFINED, TokenType)
 from ggflow.core.vocab.pretokenize import PreTokenizerSettings, pre_tokenizer_settings
@@ -137,8 +138,8 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
-def _load_tokens(meta: Mapping[str, Any], source: str) -> tuple[list[str], np.ndarray, np.ndarray]:
-    tokens = meta.get(KEY + "tokens")
+def _load_tokens(meta: Metadata, source: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+    tokens = meta.get_array(KEY + "tokens", "str", None)
     if tokens is None:
         raise ModelLoadError(f"{source}: tokenizer.ggml.tokens is missing (no vocabulary in this file)")
     tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
@@ -154,29 +155,29 @@ def _load_tokens(meta: Mapping[str, Any], source: str) -> tuple[list[str], np.nd
     return tokens, scores, attrs.astype(np.int32)
 
 
-def _per_token_array(meta: Mapping[str, Any], name: str, n: int, dtype, default, source: str) -> np.ndarray:
-    value = meta.get(KEY + name)
-    if value is None:
+def _per_token_array(meta: Metadata, name: str, n: int, dtype, default, source: str) -> np.ndarray:
+    elem = "float" if np.dtype(dtype).kind == "f" else "int"
+    arr = meta.get_array(KEY + name, elem, None)
+    if arr is None:
         return np.full(n, default, dtype)
-    arr = np.asarray(value)
-    if len(arr) < n:
+    if len(arr) < n:   # llama.cpp: "Index out of array bounds for scores"
         raise ModelLoadError(f"{source}: tokenizer.ggml.{name} has {len(arr)} entries for {n} tokens")
     return arr[:n].astype(dtype)
 
 
-def _load_flags(meta: Mapping[str, Any], model: str, pre: PreTokenizerSettings | None) -> TokenizerFlags:
+def _load_flags(meta: Metadata, model: str, pre: PreTokenizerSettings | None) -> TokenizerFlags:
     if model == "llama":
         add_bos, add_space_prefix, clean_spaces, ignore_merges = True, True, False, False
     else:
         add_bos, add_space_prefix = pre.add_bos, False
         clean_spaces, ignore_merges = pre.clean_spaces, pre.ignore_merges
-    return TokenizerFlags(add_bos=bool(meta.get(KEY + "add_bos_token", add_bos)),
-                          add_eos=bool(meta.get(KEY + "add_eos_token", False)),
-                          add_space_prefix=bool(meta.get(KEY + "add_space_prefix", add_space_prefix)),
+    return TokenizerFlags(add_bos=meta.get_bool(KEY + "add_bos_token", add_bos),
+                          add_eos=meta.get_bool(KEY + "add_eos_token", False),
+                          add_space_prefix=meta.get_bool(KEY + "add_space_prefix", add_space_prefix),
                           clean_spaces=clean_spaces, ignore_merges=ignore_merges)
 
 
-def _load_special_tokens(meta: Mapping[str, Any], model: str, pre: PreTokenizerSettings | None,
+def _load_special_tokens(meta: Metadata, model: str, pre: PreTokenizerSettings | None,
                          tokens: list[str], attrs: np.ndarray, token_to_id: dict[str, int]) -> SpecialTokens:
     """Special ids as llama_vocab::impl::load settles them; fixes token attributes on the way."""
     n = len(tokens)
@@ -188,9 +189,9 @@ def _load_special_tokens(meta: Mapping[str, Any], model: str, pre: PreTokenizerS
     for name, key in _SPECIALKEYS:
         if ids[name] is not None and ids[name] >= n:
             ids[name] = None                       # a default outside the vocabulary is disabled
-        value = meta.get(KEY + key)
-        if value is not None and 0 <= int(value) < n:
-            ids[name] = int(value)                 # an out-of-range value keeps the default
+        value = meta.get_int(KEY + key, None)     # not an integer: refused, as llama.cpp's get_key does
+        if value is not None and 0 <= value < n:
+            ids[name] = value                      # an out-of-range value keeps the default
 
     def make_control(tid: int) -> None:
         attrs[tid] |= CONTROL
@@ -244,12 +245,12 @@ def _special_token_order(tokens: list[str], attrs: np.ndarray) -> list[int]:
     return sorted(ids, key=lambda t: (-len(tokens[t].encode("utf-8")), t))
 
 
-def _apply_model_name_attrs(meta: Mapping[str, Any], attrs: np.ndarray, token_to_id: dict[str, int],
+def _apply_model_name_attrs(meta: Metadata, attrs: np.ndarray, token_to_id: dict[str, int],
                             special_order: list[int]) -> None:
     """Per-token strip attributes llama.cpp sets by model name (they are not stored in GGUF)."""
-    name = str(meta.get("general.name", "")).lower()
-    pre = str(meta.get(KEY + "pre", ""))
-    arch = str(meta.get("general.architecture", ""))
+    name = meta.get_str("general.name", "").lower()
+    pre = meta.get_str(KEY + "pre", "")
+    arch = meta.arch
 
     def set_attr(text: str, attr: int, on: bool) -> None:
         if text in token_to_id:
@@ -289,13 +290,15 @@ class LoadedVocab:
 
 
 def load_vocab(meta: Mapping[str, Any], source: str) -> LoadedVocab:
-    """Everything llama_vocab::impl::load settles; a ModelLoadError naming ``source`` for what it refuses."""
-    model = meta.get(KEY + "model")
+    """Everything llama_vocab::impl::load settles; a ModelLoadError naming ``source`` for what it refuses
+    (every key is read through Metadata's typed accessors: a value of the wrong type is refused by name)."""
+    meta = Metadata.of(meta, source)
+    model = meta.get_str(KEY + "model", None)
     if model not in SUPPORTED_MODELS:
         supported = ", ".join(f"{k!r} ({v})" for k, v in SUPPORTED_MODELS.items())
         raise ModelLoadError(f"{source}: tokenizer.ggml.model = {model!r} is not supported; "
                              f"supported: {supported}")
-    pre_name: str | None = meta.get(KEY + "pre")
+    pre_name: str | None = meta.get_str(KEY + "pre", None)
     pre = pre_tokenizer_settings(pre_name, source) if model == "gpt2" else None
     tokens, scores, attrs = _load_tokens(meta, source)
     token_to_id = {t: i for i, t in enumerate(tokens)}
@@ -305,7 +308,7 @@ def load_vocab(meta: Mapping[str, Any], source: str) -> LoadedVocab:
     _apply_model_name_attrs(meta, attrs, token_to_id, special_order)
     merges = None
     if model == "gpt2":
-        merges = meta.get(KEY + "merges")
+        merges = meta.get_array(KEY + "merges", "str", None)
         if merges is None and pre_name != "kimi-k2":
             raise ModelLoadError(f"{source}: tokenizer.ggml.merges is missing (a gpt2 BPE vocabulary needs it)")
         merges = list(merges or [])

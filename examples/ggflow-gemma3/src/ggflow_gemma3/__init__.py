@@ -1,0 +1,1 @@
+"""ggflow-gemma3: the ``gemma3`` architecture as a ggflow plugin, built from ggflow's generic blocks."""

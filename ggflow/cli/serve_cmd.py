@@ -1,0 +1,83 @@
+"""``ggflow serve``: an OpenAI-compatible HTTP server with N parallel slots (llama-server's -np)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+from ggflow.cli.common import backend_names
+from ggflow.errors import GGFlowError
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                                   description="OpenAI-compatible server with continuous batching over N slots.")
+    parser.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    parser.add_argument("-np", "--parallel", type=int, default=4, help="slots: requests decoded together")
+    parser.add_argument("-c", "--ctx-size", type=int, default=8192,
+                        help="KV cache size in tokens, shared by the slots (default 8192)")
+    parser.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per step, at most (default 512)")
+    parser.add_argument("-ub", "--ubatch-size", type=int, default=512, help="tokens per graph evaluation")
+    parser.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    parser.add_argument("--backend", default="auto", help="backend name(s), comma separated (default: auto)")
+    parser.add_argument("--cache-type-k", default="F16", help="KV cache type for K (F16, F32)")
+    parser.add_argument("--cache-type-v", default="F16", help="KV cache type for V (F16, F32)")
+    parser.add_argument("--max-queue", type=int, default=64,
+                        help="requests that may wait for a slot; more are refused with 503 (default 64)")
+    parser.add_argument("--api-key", default=os.environ.get("GGFLOW_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' (default: $GGFLOW_API_KEY, else none)")
+    parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+        from ggflow.serving.app import ServerState, create_app
+    except ImportError as exc:
+        raise GGFlowError(f"ggflow serve needs the server extra: pip install 'ggflow[server]' ({exc})") from None
+    from ggflow.api import default_model_path
+    from ggflow.serving.engine import Engine
+
+    if args.parallel < 1:
+        raise GGFlowError(f"-np must be at least 1, got {args.parallel}")
+    path = args.model or default_model_path()
+    if not os.path.isfile(path):
+        raise GGFlowError(f"model file not found: {path}")
+    state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key)
+
+    def load() -> None:  # /health answers 503 until this is done
+        try:
+            engine = Engine.load(path, n_ctx=args.ctx_size, n_slots=args.parallel, n_batch=args.batch_size,
+                                 max_queue=args.max_queue, backends=backend_names(args.backend),
+                                 n_threads=args.threads, n_ubatch=args.ubatch_size,
+                                 type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper())
+            engine.start()
+            state.engine = engine
+            logging.getLogger("ggflow.serving").warning("model loaded: %s, %d slots, n_ctx %d",
+                                                        path, args.parallel, args.ctx_size)
+        except GGFlowError as exc:
+            state.load_error = f"the model failed to load: {exc}"
+            logging.getLogger("ggflow.serving").error(state.load_error)
+            server.should_exit = True
+
+    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="info",
+                            timeout_graceful_shutdown=None)
+    server = uvicorn.Server(config)
+    loader = threading.Thread(target=load, name="ggflow-load", daemon=True)
+    loader.start()
+    # uvicorn handles SIGTERM/SIGINT (stop accepting, let open responses finish), then raises the signal
+    # again for the handler that was there before it: ours, so the engine drains and the exit status is 0
+    stopped = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stopped.append(signum))
+    server.run()
+    loader.join()
+    if state.engine is not None:
+        state.engine.stop(drain=True)  # whatever is still queued or running completes
+    return 0 if state.load_error is None else 1

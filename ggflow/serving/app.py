@@ -1,0 +1,190 @@
+"""The OpenAI-compatible HTTP app on an engine (FastAPI): the routes llama-server and OpenAI name.
+
+Handlers never touch the model: they tokenize (the vocab is read-only), submit a Request and read its
+events from an asyncio queue the engine thread feeds through ``loop.call_soon_threadsafe``.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Depends, FastAPI, Request as HTTPRequest
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
+
+from ggflow.core.sampling import SamplingParams
+from ggflow.errors import GGFlowError
+from ggflow.serving.chat import chat_prompt_tokens
+from ggflow.serving.engine import Engine
+from ggflow.serving.openai_params import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
+from ggflow.serving.prometheus import metrics_text
+from ggflow.serving.generation import generate
+from ggflow.serving.request import EngineStoppedError, PromptTooLongError, QueueFullError
+from ggflow.serving.responses import ResponseIds, error_response
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16   # OpenAI's default for /v1/completions; chat runs to the end
+
+
+@dataclass
+class ServerState:
+    """What the routes need; ``engine`` is None while the model loads (/health says 503)."""
+    model_name: str
+    api_key: str | None = None
+    engine: Engine | None = None
+    load_error: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    _template: Any = None
+
+    def chat_template(self) -> Any:
+        if self._template is None:
+            from ggflow.core.chat_template import ChatTemplate
+            model = self.ready().ctx.model
+            self._template = ChatTemplate.for_vocab(model.metadata.get("tokenizer.chat_template"), model.vocab)
+        return self._template
+
+    def ready(self) -> Engine:
+        if self.engine is None:
+            raise _Unavailable(self.load_error or "Loading model")
+        return self.engine
+
+
+class _Unavailable(Exception):
+    pass
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+def create_app(state: ServerState) -> FastAPI:
+    async def require_api_key(request: HTTPRequest) -> None:
+        """A dependency of every route (/health exempt), so a refusal goes through the error handlers."""
+        if state.api_key and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {state.api_key}".encode()):
+                raise _Unauthorized("Invalid API Key")
+
+    app = FastAPI(title="ggflow", docs_url=None, redoc_url=None, dependencies=[Depends(require_api_key)])
+    app.state.ggflow = state
+    _install_error_handlers(app)
+
+    @app.get("/health")
+    async def health():
+        if state.engine is None:
+            return error_response(503, state.load_error or "Loading model", "unavailable_error")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models():
+        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
+                                            "owned_by": "ggflow"}]}
+
+    @app.get("/props")
+    async def props():
+        """llama-server's /props: what the server runs with."""
+        engine = state.ready()
+        return {"model_alias": state.model_name, "model_path": engine.ctx.model.path, "total_slots": len(engine.slots),
+                "n_ctx": engine.n_ctx, "n_batch": engine.n_batch, "max_queue": engine.max_queue,
+                "chat_template": state.chat_template().source,
+                "default_generation_settings": dataclasses.asdict(SamplingParams())}
+
+    @app.get("/metrics")
+    async def metrics():
+        engine = state.ready()
+        return Response(metrics_text(engine.metrics.snapshot), media_type="text/plain; version=0.0.4")
+
+    @app.get("/slots")
+    async def slots():
+        return state.ready().slots_snapshot()
+
+    @app.post("/slots/{slot_id}")
+    async def slot_action(slot_id: int, action: str = ""):
+        if action != "erase":
+            raise GGFlowError(f"unknown slot action {action!r}: ggflow supports ?action=erase")
+        n = await asyncio.wrap_future(state.ready().erase_slot(slot_id))
+        return {"id_slot": slot_id, "n_erased": n}
+
+    @app.post("/tokenize")
+    async def tokenize(http: HTTPRequest):
+        body = await _parse(http, TokenizeBody)
+        vocab = state.ready().vocab
+        return {"tokens": vocab.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)}
+
+    @app.post("/detokenize")
+    async def detokenize(http: HTTPRequest):
+        body = await _parse(http, DetokenizeBody)
+        vocab = state.ready().vocab
+        bad = [t for t in body.tokens if not 0 <= t < vocab.n_vocab]
+        if bad:
+            raise GGFlowError(f"token id {bad[0]} is outside the vocabulary [0, {vocab.n_vocab})")
+        return {"content": vocab.detokenize(body.tokens)}
+
+    @app.post("/v1/completions")
+    @app.post("/completions")
+    async def completions(http: HTTPRequest):
+        body = await _parse(http, CompletionBody)
+        engine = state.ready()
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise GGFlowError(f"{len(prompt)} prompts in one request are not supported: send one per request")
+            prompt = prompt[0]
+        tokens = engine.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        return await generate(http, engine, body, tokens, ResponseIds(False, state.model_name),
+                              COMPLETION_DEFAULT_MAX_TOKENS)
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat_completions(http: HTTPRequest):
+        body = await _parse(http, ChatCompletionBody)
+        engine = state.ready()
+        tokens = chat_prompt_tokens(state.chat_template(), engine.vocab, body.messages)
+        return await generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx)
+
+    return app
+
+
+class _BadBody(GGFlowError):
+    pass
+
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+async def _parse(http: HTTPRequest, model: type[_Body]) -> _Body:
+    """The JSON body as ``model``, whatever the Content-Type says (curl -d sends form encoding)."""
+    raw = await http.body()
+    try:
+        data = json.loads(raw or b"null")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _BadBody(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise _BadBody(f"the request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _BadBody("invalid request: " + "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg')}" for e in exc.errors())) from None
+
+
+# exception -> (HTTP status, OpenAI error type); the first match wins, so subclasses come first
+_ERRORS = ((PromptTooLongError, 400, "exceed_context_size_error"), (QueueFullError, 503, "unavailable_error"),
+           (EngineStoppedError, 503, "unavailable_error"), (_Unavailable, 503, "unavailable_error"),
+           (_Unauthorized, 401, "authentication_error"), (GGFlowError, 400, "invalid_request_error"))
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def handle(request: HTTPRequest, exc: Exception):
+        status, kind = next((s, k) for t, s, k in _ERRORS if isinstance(exc, t))
+        too_long = isinstance(exc, PromptTooLongError)
+        extra = {"n_prompt_tokens": exc.n_prompt_tokens, "n_ctx": exc.n_ctx} if too_long else {}
+        return error_response(status, str(exc), kind, **extra)
+
+    for exc_type, _, _ in _ERRORS:
+        app.add_exception_handler(exc_type, handle)

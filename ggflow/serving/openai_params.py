@@ -1,0 +1,108 @@
+"""Request bodies of the OpenAI routes (with llama-server's extra sampling fields) and their mapping to
+``SamplingParams``. The models are strict: a field of the wrong type is a 400, not a silent coercion."""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ggflow.core.sampling import SamplingParams
+from ggflow.errors import GGFlowError
+
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "min_keep", "dynatemp_range",
+                    "dynatemp_exponent", "repeat_penalty", "repeat_last_n", "frequency_penalty",
+                    "presence_penalty", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                    "xtc_probability", "xtc_threshold", "top_n_sigma", "mirostat", "mirostat_tau",
+                    "mirostat_eta", "seed")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class GenerationBody(_Strict):
+    model: str | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None   # OpenAI's newer name (chat)
+    n_predict: int | None = None               # llama-server's name
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    logit_bias: dict[str, float] | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    min_keep: int | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    top_n_sigma: float | None = None
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    seed: int | None = None
+    ignore_eos: bool = False                   # llama-server's: end-of-generation tokens get a -inf bias
+
+    def sampling(self, eog_tokens: Iterable[int] = ()) -> SamplingParams:
+        """The request's sampling options; llama.cpp's defaults for the fields it leaves out."""
+        if self.n != 1:
+            raise GGFlowError(f"n={self.n} is not supported: ggflow returns one choice per request")
+        given: dict[str, Any] = {f: getattr(self, f) for f in _SAMPLING_FIELDS if getattr(self, f) is not None}
+        if given.get("seed") in (-1, 0xFFFFFFFF):
+            given["seed"] = None
+        if self.logit_bias:
+            try:
+                given["logit_bias"] = {int(k): float(v) for k, v in self.logit_bias.items()}
+            except ValueError:
+                raise GGFlowError("logit_bias keys must be token ids (integers as strings)") from None
+        if self.ignore_eos:
+            given["logit_bias"] = {**given.get("logit_bias", {}), **{t: -math.inf for t in eog_tokens}}
+        return SamplingParams(**given)
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def token_limit(self, default: int) -> int:
+        for value in (self.max_completion_tokens, self.max_tokens, self.n_predict):
+            if value is not None:
+                return default if value < 0 else value   # llama-server: n_predict -1 is "until the end"
+        return default
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionBody(GenerationBody):
+    prompt: Union[str, list[int], list[str]]
+
+
+class ChatCompletionBody(GenerationBody):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+
+
+class TokenizeBody(_Strict):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+
+
+class DetokenizeBody(_Strict):
+    tokens: list[int]
