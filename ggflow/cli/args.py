@@ -37,6 +37,14 @@ def int_at_least(low: int, meaning: str = "") -> Callable[[str], int]:
     return parse
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535."""
+    value = int_at_least(0, "0: any free port")(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is out of range; accepted: a port 0..65535")
+    return value
+
+
 def not_a_directory(path: str, name: str) -> str:
     if os.path.isdir(path):
         raise UsageError(f"{name} {path!r} is a directory; accepted: a GGUF model file")
