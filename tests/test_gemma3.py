@@ -182,7 +182,8 @@ def test_final_logit_softcapping_applies_when_the_file_sets_it(model, monkeypatc
 def _meta(**arch_keys):
     from ggflow.core.model import Metadata
     base = {"embedding_length": 64, "attention.head_count": 2, "attention.head_count_kv": 1, "block_count": 4,
-            "vocab_size": 100, "attention.key_length": 32, "attention.value_length": 32}
+            "vocab_size": 100, "attention.key_length": 32, "attention.value_length": 32, "context_length": 256,
+            "feed_forward_length": 128, "attention.layer_norm_rms_epsilon": 1e-6}
     return Metadata({"general.architecture": "gemma3",
                      **{f"gemma3.{k}": v for k, v in {**base, **arch_keys}.items()}}, "test.gguf")
 

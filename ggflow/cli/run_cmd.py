@@ -25,6 +25,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object on the last line: prompt_tokens, tokens, text, timings")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also print where the graph ran: backends, KV cache, splits and copies per compute")
     add_sampling_options(parser)
     parser.set_defaults(func=run)
 
@@ -69,11 +71,23 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr)
     print(f"eval:        {t.predicted_n} tokens in {t.predicted_ms:.1f} ms ({t.predicted_per_second:.1f} tokens/s)"
           f", finish: {result.finish_reason}{_compiling(compiled - compiled_in_prompt)}", file=sys.stderr)
+    if args.verbose:
+        print_schedule(llm.context)
     if args.json:
-        print(json.dumps({"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": result.text,
-                          "finish_reason": result.finish_reason, "timings": t.as_dict()}))
+        report = {"prompt_tokens": result.prompt_tokens, "tokens": result.tokens, "text": result.text,
+                  "finish_reason": result.finish_reason, "timings": t.as_dict()}
+        if args.verbose:
+            report["scheduler"] = llm.context.scheduler.stats.as_dict()
+        print(json.dumps(report))
     return 0
 
 
 def _compiling(seconds: float) -> str:
     return f" (of which {1e3 * seconds:.0f} ms compiling kernels, once)" if seconds >= 0.0005 else ""
+
+
+def print_schedule(ctx: Any) -> None:
+    """The backends, where the KV cache lives, and the scheduler's stats (splits, copies, bytes)."""
+    print(f"backends:    {', '.join(b.name for b in ctx.backends)}; KV cache on {ctx.memory_backend.name}",
+          file=sys.stderr)
+    print(ctx.scheduler.stats.summary(), file=sys.stderr)

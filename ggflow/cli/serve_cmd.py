@@ -33,6 +33,14 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--api-key", default=os.environ.get("GGFLOW_API_KEY"),
                         help="require 'Authorization: Bearer KEY' (default: $GGFLOW_API_KEY, else none)")
     parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
+    ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
+    ray.add_argument("--ray", action="store_true", help="serve as Ray Serve replicas with prefix-aware routing")
+    ray.add_argument("--replicas", type=int, default=1, help="model replicas, each with -np slots (default 1)")
+    ray.add_argument("--max-replicas", type=int, default=None,
+                     help="autoscale between --replicas and this on ongoing requests")
+    ray.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local Ray)")
+    ray.add_argument("--ray-router", default="prefix", choices=["prefix", "pow2"],
+                     help="prefix: a prompt goes to the replica caching its prefix (default); pow2: Serve's own")
     parser.set_defaults(func=run)
 
 
@@ -50,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     path = args.model or default_model_path()
     if not os.path.isfile(path):
         raise GGFlowError(f"model file not found: {path}")
+    if args.ray:
+        from ggflow.serving.ray_serve import run_cli
+        return run_cli(args, path)
     state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key)
 
     def load() -> None:  # /health answers 503 until this is done
