@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ggflow import _numba_setup  # noqa: F401  (first: where numba caches, set before numba loads; os only)
+
 __version__ = "0.1.0"
 
 _WHERE = {

@@ -58,3 +58,7 @@ class ContextMemoryError(GGFlowError, MemoryError):
 
 class ContextFullError(GGFlowError, ValueError):
     """The tokens to evaluate do not fit in the context (a prompt longer than n_ctx)."""
+
+
+class GrammarError(GGFlowError, ValueError):
+    """A grammar, JSON schema or regex that does not compile, or output that cannot continue it."""

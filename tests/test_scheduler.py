@@ -161,3 +161,56 @@ def test_reallocating_a_graph_of_the_same_shape_reuses_the_compute_buffer():
     x, x_np, out, _ = transformer_like(2)
     run(sched, Graph([out]), x, x_np, out)
     assert sched._buffers["full"] is buffer and sched.n_allocs == 2
+
+
+def test_stats_count_splits_copies_and_bytes_per_compute_and_in_total():
+    partial = NumpyTestBackend(ops=(Op.ADD, Op.MUL), name="partial")
+    x, x_np, out, _ = small_mlp({"w": "full", "b": "partial"})
+    graph = Graph([out])
+    sched = Scheduler([partial, NumpyTestBackend(name="full")])
+    run(sched, graph, x, x_np, out)
+    sched.compute(graph)
+    stats = sched.stats
+    per_compute = 3 * 6 * 4 * 4   # scale, add and norm outputs ([6, 4] F32) cross once each
+    assert (stats.n_splits, stats.n_copies, stats.bytes_copied) == (4, 3, per_compute)
+    assert stats.nodes == {"partial": 2, "full": 4}
+    assert (stats.n_computes, stats.total_copies, stats.total_bytes_copied) == (2, 6, 2 * per_compute)
+    assert stats.n_weight_copies == 0   # the bias is read where it lives
+    assert stats.as_dict()["bytes_copied"] == per_compute and "4 split(s)" in stats.summary()
+
+
+def test_a_backend_with_only_f32_mul_mat_gets_every_matmul_and_each_weight_once():
+    n_layers = 3
+    x, x_np, out, ref = transformer_like(n_layers)
+    graph = Graph([out])
+    matmul = NumpyTestBackend(ops=(Op.MUL_MAT,), name="matmul")
+    full = NumpyTestBackend(name="full")
+    sched = Scheduler([matmul, full])
+    np.testing.assert_allclose(run(sched, graph, x, x_np, out), ref, rtol=2e-4, atol=2e-4)
+    mms = [n for n in graph.nodes if n.op == Op.MUL_MAT]
+    assert all(sched.home[n.id] is matmul for n in mms) and matmul.computed == [n.name for n in mms]
+    assert sched.stats.nodes["matmul"] == 4 * n_layers
+    assert sched.stats.n_weight_copies == 4 * n_layers
+    assert sched.stats.weight_bytes_copied == sum(n.src[0].nbytes for n in mms)
+    # every matmul is a split of its own (silu and mul run between them): its input crosses to it, its
+    # output back
+    copies = [c for s in sched.splits for c in s.copies]
+    assert sched.stats.n_copies == len(copies) == 2 * 4 * n_layers
+    assert sched.stats.bytes_copied == sum(c.dst.nbytes for c in copies)
+    sched.compute(graph)
+    assert sched.stats.n_weight_copies == 4 * n_layers   # not again
+
+
+def test_a_strided_view_crosses_with_its_layout():
+    a_np, b_np = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal((6, 4)).astype(np.float32)
+    a = ops.new_input("F32", (4, 6), "a")
+    act = ops.silu(a); act.name = "silu"
+    seen = ops.transpose(act)                      # [6, 4] with strides of a [4, 6] tensor
+    out = ops.add(seen, weight("partial", b_np.T.copy(), "b")); out.name = "add"
+    partial = NumpyTestBackend(ops=(Op.ADD,), name="partial")
+    sched = Scheduler([partial, NumpyTestBackend(name="full")])
+    result = run(sched, Graph([out]), a, a_np, out)
+    [copy] = [c for s in sched.splits for c in s.copies]
+    assert copy.src is seen and copy.dst.nb == seen.nb and not seen.is_contiguous()
+    assert sched.home[out.id] is partial and sched.stats.bytes_copied == seen.nbytes
+    np.testing.assert_allclose(result, (a_np / (1 + np.exp(-a_np))).T + b_np.T, rtol=1e-6)

@@ -153,11 +153,12 @@ def test_adopted_weights_move_to_the_device_and_unsupported_types_stay_on_the_ho
 
 @requires_vulkan
 def test_ops_it_cannot_run_go_to_the_cpu():
-    """A BF16 weight (no shader reads it) and a dequantizing copy are refused; the scheduler moves them."""
+    """A BF16 weight (no shader reads it) and a dequantizing copy are refused; the scheduler moves them.
+    (silu comes first: after a matmul on the CPU, the scheduler would run it there too, as ggml does.)"""
     def build():
         w, x = ops.new_input("BF16", (32, 8), "w"), ops.new_input("F32", (32, 3), "x")
         q, f = ops.new_input("Q8_0", (32, 2), "q"), ops.new_input("F32", (32, 2), "f")
-        return {"w": w, "x": x, "q": q, "f": f}, [ops.silu(ops.mul_mat(w, x)), ops.cpy(q, f)]
+        return {"w": w, "x": x, "q": q, "f": f}, [ops.mul_mat(w, ops.silu(x)), ops.cpy(q, f)]
     bf16 = (np.random.default_rng(0).standard_normal((8, 32)).astype(np.float32).view(np.uint32) >> 16)
     inputs = {"w": bf16.astype(np.uint16), "x": np.ones((3, 32), np.float32),
               "q": quantize(np.ones((2, 32), np.float32), "Q8_0"), "f": np.zeros((2, 32), np.float32)}

@@ -8,6 +8,7 @@ import signal
 import threading
 from typing import Any
 
+from ggflow.cli.args import int_at_least, port_number
 from ggflow.cli.common import backend_names
 from ggflow.errors import GGFlowError
 
@@ -17,21 +18,29 @@ def add_parser(subparsers: Any) -> None:
                                    description="OpenAI-compatible server with continuous batching over N slots.")
     parser.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    parser.add_argument("-np", "--parallel", type=int, default=4, help="slots: requests decoded together")
-    parser.add_argument("-c", "--ctx-size", type=int, default=8192,
+    parser.add_argument("--port", type=port_number, default=8080, help="port (default 8080)")
+    parser.add_argument("-np", "--parallel", type=int_at_least(1), default=4, help="slots: requests decoded together")
+    parser.add_argument("-c", "--ctx-size", type=int_at_least(1), default=8192,
                         help="KV cache size in tokens, shared by the slots (default 8192)")
-    parser.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per step, at most (default 512)")
-    parser.add_argument("-ub", "--ubatch-size", type=int, default=512, help="tokens per graph evaluation")
-    parser.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    parser.add_argument("-b", "--batch-size", type=int_at_least(1), default=512, help="tokens per step, at most (default 512)")
+    parser.add_argument("-ub", "--ubatch-size", type=int_at_least(1), default=512, help="tokens per graph evaluation")
+    parser.add_argument("-t", "--threads", type=int_at_least(1), default=None, help="CPU threads (default: all cores)")
     parser.add_argument("--backend", default="auto", help="backend name(s), comma separated (default: auto)")
     parser.add_argument("--cache-type-k", default="F16", help="KV cache type for K (F16, F32)")
     parser.add_argument("--cache-type-v", default="F16", help="KV cache type for V (F16, F32)")
-    parser.add_argument("--max-queue", type=int, default=64,
+    parser.add_argument("--max-queue", type=int_at_least(0), default=64,
                         help="requests that may wait for a slot; more are refused with 503 (default 64)")
     parser.add_argument("--api-key", default=os.environ.get("GGFLOW_API_KEY"),
                         help="require 'Authorization: Bearer KEY' (default: $GGFLOW_API_KEY, else none)")
     parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
+    ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
+    ray.add_argument("--ray", action="store_true", help="serve as Ray Serve replicas with prefix-aware routing")
+    ray.add_argument("--replicas", type=int, default=1, help="model replicas, each with -np slots (default 1)")
+    ray.add_argument("--max-replicas", type=int, default=None,
+                     help="autoscale between --replicas and this on ongoing requests")
+    ray.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local Ray)")
+    ray.add_argument("--ray-router", default="prefix", choices=["prefix", "pow2"],
+                     help="prefix: a prompt goes to the replica caching its prefix (default); pow2: Serve's own")
     parser.set_defaults(func=run)
 
 
@@ -49,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     path = args.model or default_model_path()
     if not os.path.isfile(path):
         raise GGFlowError(f"model file not found: {path}")
+    if args.ray:
+        from ggflow.serving.ray_serve import run_cli
+        return run_cli(args, path)
     state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key)
 
     def load() -> None:  # /health answers 503 until this is done

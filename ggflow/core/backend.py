@@ -116,18 +116,28 @@ class Backend(ABC):
         """Whether compute() can run this node (its op, its types, its shapes)."""
         return True
 
+    def offload_op(self, node: Tensor) -> bool:
+        """Whether to take a node that reads a weight the fallback (CPU) backend holds, when this backend
+        supports it. The scheduler then copies the weight here once and keeps the copy for every later
+        graph. Say no to keep a weight's consumers (and its memory) on the CPU; ggml asks the same
+        question (``offload_op``) before it copies a weight to a GPU."""
+        return True
+
     def prepare_weight(self, tensor: Tensor) -> None:
         """Optional hook, called once per weight at load by the default ``adopt_weights`` (e.g. to repack
         its blocks into a layout the kernels read fast, instead of on the first compute)."""
 
     def adopt_weights(self, weights: Mapping[str, Tensor]) -> None:
-        """Optional hook: take over model weights (which load as views of the host memory map).
+        """Optional hook: take over model weights (which load as views of the host memory map), before
+        any graph exists.
 
-        Context offers a model's weights to its first backend once. A device backend uploads the ones
-        its kernels read and re-points them (``tensor.buffer``/``offset``) to its own memory, so nodes
-        that read them are placed on it and no copy crosses per step. The weights stay there: a Context
-        that doesn't schedule this backend needs its own ``Model.load``. Host backends keep the weights
-        where they are; the default prepares each one (``prepare_weight``).
+        Context offers a model's weights to its first backend once. A device backend may upload the ones
+        its kernels read and re-point them (``tensor.buffer``/``offset``) to its own memory, so nodes
+        that read them are placed on it; the weights then stay there, and a Context that doesn't
+        schedule this backend needs its own ``Model.load``. A backend that doesn't adopt loses nothing:
+        the scheduler places the nodes it supports on it anyway and copies the weights those nodes read
+        to it once, when it first allocates a graph that reads them (``offload_op``). Host backends keep the weights where
+        they are; the default prepares each one (``prepare_weight``).
         """
         for tensor in weights.values():
             self.prepare_weight(tensor)
@@ -175,8 +185,8 @@ def substituted_memory(t: Tensor, substitutes: Mapping[Tensor, Tensor], backend_
     """Where a node's source is for a backend that was given copies (``substitutes``) of some tensors:
     the tensor whose memory holds it and the extra byte offset into that memory.
 
-    A view of a copied tensor reads the copy at the same relative offset, which is only the same layout
-    when the copied tensor was contiguous (the scheduler's copies are contiguous)."""
+    A view of a copied tensor reads the copy at the same relative offset, which is only right when the
+    copy has the copied tensor's layout (the scheduler's copies keep it: same strides, same bytes)."""
     direct = substitutes.get(t)
     if direct is not None:
         return direct, 0
@@ -186,9 +196,9 @@ def substituted_memory(t: Tensor, substitutes: Mapping[Tensor, Tensor], backend_
         cur = cur.view_src
         sub = substitutes.get(cur)
         if sub is not None:
-            if not cur.is_contiguous():
-                raise BackendError(f"{t!r} views {cur!r}, which is not contiguous and was copied from another "
-                                   f"backend: the {backend_name} backend cannot map the view onto the copy")
+            if sub.nb != cur.nb:
+                raise BackendError(f"{t!r} views {cur!r}, whose copy from another backend has other strides: "
+                                   f"the {backend_name} backend cannot map the view onto the copy")
             return sub, offset
     return t, 0
 

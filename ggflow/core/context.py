@@ -20,6 +20,7 @@ from ggflow.core.graph import Graph
 from ggflow.core.graph_builder import GraphBuilder
 from ggflow.core.memory import Memory, Slot
 from ggflow.core.model import Model
+from ggflow.core.placement import kv_writes, memory_backend
 from ggflow.core.scheduler import Scheduler
 from ggflow.core.tensor import Tensor
 from ggflow.errors import BackendError, PluginError
@@ -46,7 +47,10 @@ class Context:
         self.backends = make_backends(backends, n_threads)
         self.backends[0].adopt_weights(model.weights)   # a device backend uploads them once, here
         self.scheduler = Scheduler(self.backends)
-        self.memory = model.arch.create_memory(model.hparams, self.n_ctx, self.backends[0], type_k, type_v)
+        # the KV cache lives on the first backend that can write its rows (placement.py); the CPU otherwise
+        writes = kv_writes(model.hparams, self.n_ctx, self.n_ubatch, type_k, type_v)
+        self.memory_backend = memory_backend(self.backends, writes)
+        self.memory = model.arch.create_memory(model.hparams, self.n_ctx, self.memory_backend, type_k, type_v)
         if not isinstance(self.memory, Memory):
             raise PluginError(f"{type(model.arch).__name__}.create_memory returned a {type(self.memory).__name__}, "
                               f"not a ggflow.core.memory.Memory")

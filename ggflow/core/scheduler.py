@@ -1,18 +1,25 @@
 """Scheduler: place each graph node on a backend, split the graph into per-backend runs, copy across.
 
-Placement, in the spirit of ggml_backend_sched:
+Placement follows ggml_backend_sched (ggml-backend.cpp, ``ggml_backend_sched_split_graph``); the rules
+and what they cost are in docs/backends.md:
   1. a tensor that already has memory (a weight, the KV cache) lives where its buffer is; a view, and
      an op that writes in place (set_rows, cpy), runs where the memory it views lives;
-  2. a node that reads a weight runs where the weight lives, if that backend supports it;
-  3. the rest follow their sources: the highest-priority backend among the sources' that supports it;
-     then their consumers'; then the highest-priority backend that supports the op at all;
+  2. a node that reads a weight runs where the weight lives, if that backend supports it, unless the
+     weight lives on the fallback (the CPU): then an earlier backend that supports the node and wants
+     it (``Backend.offload_op``) takes it, as ggml's op offload does;
+  3. the rest expand from their neighbours, down and up the graph: first from every backend but the
+     fallback, then from every backend; a node still without one goes to the backend, among those that
+     support it, that holds most of its sources; a view lives with what it views;
   4. the last backend (the CPU) takes what nothing else supports.
 Consecutive nodes on one backend form a split. A split reads a tensor that lives elsewhere through a
-copy made at the split's start; the copy is what the split's kernels see (``substitutes``).
+copy made at the split's start; the copy is what the split's kernels see (``substitutes``). A weight
+read on another backend is copied there once and the copy kept for every later graph (ggml copies it
+at every compute); a weight is a PARAM leaf that no graph writes (the KV cache is written by its
+graphs). ``stats`` counts the splits, the copies and their bytes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -20,9 +27,13 @@ import numpy as np
 from ggflow.core.alloc import NEVER, Lifetime, plan_offsets
 from ggflow.core.backend import Backend, Buffer
 from ggflow.core.graph import Graph
-from ggflow.core.ops import IN_PLACE
+from ggflow.core.ops import IN_PLACE, Op
 from ggflow.core.tensor import MAX_DIMS, Tensor, TensorFlag
 from ggflow.errors import BackendError
+
+# ggml skips these when it places by weights: rope's frequency table is too small to choose by
+NOT_PLACED_BY_WEIGHTS = frozenset({Op.ROPE})
+WEIGHT_BUFFER_BYTES = 256 << 20   # weights copied to a backend share buffers of about this size
 
 
 @dataclass
@@ -35,12 +46,38 @@ class Copy:
 class Split:
     backend: Backend
     nodes: list[Tensor]
-    copies: list[Copy] = field(default_factory=list)
+    copies: list[Copy] = field(default_factory=list)          # made at every compute
+    weight_copies: list[Copy] = field(default_factory=list)   # made once, kept by the scheduler
     plan: Callable[[], None] | None = None
 
     @property
     def substitutes(self) -> dict[Tensor, Tensor]:
-        return {c.src: c.dst for c in self.copies}
+        return {c.src: c.dst for c in (*self.weight_copies, *self.copies)}
+
+
+@dataclass
+class SchedulerStats:
+    """What the scheduler does: per compute of the graph allocated last, and totals since it was made."""
+    n_splits: int = 0              # runs of consecutive nodes on one backend, in the current graph
+    n_copies: int = 0              # tensors copied between backends at each compute of the current graph
+    bytes_copied: int = 0          # bytes those copies move at each compute
+    nodes: dict[str, int] = field(default_factory=dict)   # nodes of the current graph per backend
+    n_computes: int = 0            # computes run, every graph
+    total_copies: int = 0          # copies made by those computes
+    total_bytes_copied: int = 0
+    n_weight_copies: int = 0       # weights copied once to a backend that runs nodes reading them
+    weight_bytes_copied: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line for a log: ``ggflow run --verbose`` prints it."""
+        nodes = ", ".join(f"{name} {n}" for name, n in self.nodes.items())
+        return (f"scheduler:   {self.n_splits} split(s) ({nodes} nodes); per compute {self.n_copies} copies, "
+                f"{self.bytes_copied} bytes; over {self.n_computes} computes {self.total_copies} copies, "
+                f"{self.total_bytes_copied} bytes; weights copied once: {self.n_weight_copies}, "
+                f"{self.weight_bytes_copied} bytes")
 
 
 class Scheduler:
@@ -51,10 +88,13 @@ class Scheduler:
         self.backends = list(backends)
         self._by_buffer_name = {b.name: b for b in self.backends}
         self._buffers: dict[str, Buffer] = {}      # compute buffer per backend, grown when needed
+        self._weight_copies: dict[tuple[int, str], Copy] = {}   # (weight id, backend name) -> its copy
+        self._written: set[int] = set()             # PARAM tensors a graph wrote: never weights
         self.graph: Graph | None = None
         self.splits: list[Split] = []
         self.home: dict[int, Backend] = {}          # tensor id -> backend whose memory holds it
         self.n_allocs = 0                           # times a graph was (re)allocated
+        self.stats = SchedulerStats()
 
     # -- placement -------------------------------------------------------------------------------
     def _buffer_backend(self, t: Tensor) -> Backend:
@@ -63,8 +103,25 @@ class Scheduler:
             raise BackendError(f"{t!r} lives in a {name!r} buffer but no {name!r} backend is scheduled")
         return self._by_buffer_name[name]
 
-    def assign(self, graph: Graph) -> dict[int, Backend]:
+    def weights(self, graph: Graph) -> set[int]:
+        """Ids of the graph's weights: PARAM leaves with memory that no graph writes in place."""
+        self._written |= {n.view_src.base().id for n in graph.nodes if n.op in IN_PLACE and n.view_src is not None}
+        for key in [k for k in self._weight_copies if k[0] in self._written]:
+            del self._weight_copies[key]   # written after all: a kept copy would go stale
+        return {leaf.id for leaf in graph.leafs if leaf.flags & TensorFlag.PARAM and leaf.buffer is not None
+                and leaf.view_src is None and leaf.id not in self._written}
+
+    def _weight_reader(self, node: Tensor, owner: Backend) -> Backend | None:
+        """Where a node that reads a weight held by ``owner`` runs (None: placed by the later passes)."""
+        if owner is self.backends[-1]:
+            for b in self.backends[:-1]:
+                if b.supports_op(node) and b.offload_op(node):
+                    return b
+        return owner if owner.supports_op(node) else None
+
+    def assign(self, graph: Graph, weights: set[int] | None = None) -> dict[int, Backend]:
         """Backend of every node and every leaf that has (or will get) memory in the graph."""
+        weights = self.weights(graph) if weights is None else weights
         home: dict[int, Backend] = {}
         for leaf in graph.leafs:
             if leaf.base().buffer is not None:
@@ -74,50 +131,59 @@ class Scheduler:
         def supported(b: Backend, node: Tensor) -> bool:
             return b.supports_op(node)
 
+        def with_its_memory(node: Tensor) -> None:
+            owner = home[node.view_src.id]  # type: ignore[union-attr]
+            if node.op in IN_PLACE and not supported(owner, node):
+                raise BackendError(f"{node.op} writes into {node.view_src!r} on {owner.name}, "
+                                   f"which does not support it")
+            home[node.id] = owner
+
         for node in graph.nodes:  # pass 1: memory owners and weights
             if node.view_src is not None:
-                owner = home.get(node.view_src.id)
-                if owner is not None:
-                    if node.op in IN_PLACE and not supported(owner, node):
-                        raise BackendError(f"{node.op} writes into {node.view_src!r} on {owner.name}, "
-                                           f"which does not support it")
-                    home[node.id] = owner
+                root = node.base()
+                if node.view_src.id in home:
+                    with_its_memory(node)
+                elif node.op in IN_PLACE and root.id not in home:
+                    # a write into a graph input: the input's memory goes where it can be written
+                    home[node.id] = home[root.id] = next((b for b in self.backends if supported(b, node)), fallback)
+                continue
+            if node.op in NOT_PLACED_BY_WEIGHTS:
                 continue
             for src in node.src:
-                if src.is_leaf and src.flags & TensorFlag.PARAM and src.id in home \
-                        and supported(home[src.id], node):
-                    home[node.id] = home[src.id]
-                    break
+                base = src.base()
+                if base.id in weights:
+                    reader = self._weight_reader(node, home[base.id])
+                    if reader is not None:
+                        home[node.id] = reader
+                        break
+        computing = [n for n in graph.nodes if n.view_src is None]   # views and writes follow their memory
+        # pass 2: expand to neighbours, as ggml does: first each backend but the fallback, down then up
+        # the graph (so the CPU runs only what reads its weights, or what nothing before it supports),
+        # then every backend; a node the neighbour's backend doesn't support waits for pass 3
+        for skip_fallback in (True, False):
+            for order in (computing, computing[::-1]):
+                current: Backend | None = None
+                for node in order:
+                    if node.id in home:
+                        current = None if skip_fallback and home[node.id] is fallback else home[node.id]
+                    elif current is not None and supported(current, node):
+                        home[node.id] = current
 
-        for node in graph.nodes:  # pass 2: follow the sources
-            if node.id in home:
-                continue
-            if node.view_src is not None and node.view_src.id in home:
-                home[node.id] = home[node.view_src.id]
-                continue
-            cands = [home[s.id] for s in node.src if s.id in home and supported(home[s.id], node)]
-            if cands:
-                home[node.id] = min(cands, key=self.backends.index)
+        for node in computing:  # pass 3: the backend that holds most of its sources, of those that support it
+            if node.id not in home:
+                able = [b for b in self.backends if supported(b, node)] or [fallback]
+                home[node.id] = max(able, key=lambda b: sum(home.get(s.id) is b for s in node.src))
 
-        consumers: dict[int, list[Tensor]] = {}
+        for leaf in graph.leafs:  # pass 4: graph inputs live with their first placed consumer,
+            if leaf.id not in home:  # views and in-place writes with the memory they view
+                home[leaf.id] = next((home[n.id] for n in graph.nodes if n.id in home
+                                      and any(src.base() is leaf for src in n.src)), fallback)
         for node in graph.nodes:
-            for s in node.src:
-                consumers.setdefault(s.id, []).append(node)
-        for node in reversed(graph.nodes):  # pass 3: follow the consumers, then any that supports it
-            if node.id in home:
-                continue
-            cands = [home[c.id] for c in consumers.get(node.id, []) if c.id in home
-                     and supported(home[c.id], node)]
-            cands += [b for b in self.backends if supported(b, node)]
-            home[node.id] = min(cands, key=self.backends.index) if cands else fallback
-
-        for leaf in graph.leafs:  # graph inputs live with their first consumer
-            if leaf.id not in home:
-                first = next((n for n in graph.nodes if leaf in n.src), None)
-                home[leaf.id] = home[first.id] if first is not None else fallback
+            if node.id not in home:
+                with_its_memory(node)
         return home
 
-    def split(self, graph: Graph, home: dict[int, Backend]) -> list[Split]:
+    def split(self, graph: Graph, home: dict[int, Backend], weights: set[int] = frozenset()) -> list[Split]:
         splits: list[Split] = []
         for node in graph.nodes:
             backend = home[node.id]
@@ -126,16 +192,48 @@ class Scheduler:
             split = splits[-1]
             split.nodes.append(node)
             for src in _reads(node):
-                if home[src.id] is not backend and all(c.src is not src for c in split.copies):
-                    dst = Tensor(src.type, src.ne, name=f"{src.name or src.op}->{backend.name}")
+                base = src.base()
+                if base.id in weights:  # a weight, or a view of one: read its kept copy
+                    if home[base.id] is not backend and all(c.src is not base for c in split.weight_copies):
+                        split.weight_copies.append(self._weight_copy(base, backend))
+                elif home[src.id] is not backend and all(c.src is not src for c in split.copies):
+                    # the copy keeps the source's layout (ggml_dup_tensor_layout): a strided view is read
+                    # with its own strides, and views of it map onto the copy at the same offsets
+                    dst = Tensor(src.type, src.ne, src.nb, name=f"{src.name or src.op}->{backend.name}")
                     split.copies.append(Copy(src, dst))
         return splits
+
+    def _weight_copy(self, weight: Tensor, backend: Backend) -> Copy:
+        key = (weight.id, backend.name)
+        if key not in self._weight_copies:  # memory and data come in _upload_weights
+            self._weight_copies[key] = Copy(weight, Tensor(weight.type, weight.ne, name=f"{weight.name}->{backend.name}"))
+        return self._weight_copies[key]
+
+    def _upload_weights(self, splits: list[Split], home: dict[int, Backend]) -> None:
+        """Give the weight copies made for these splits memory (one buffer per backend) and their data."""
+        new: dict[str, list[Copy]] = {}
+        for split in splits:
+            for c in split.weight_copies:
+                if c.dst.buffer is None and c not in new.setdefault(split.backend.name, []):
+                    new[split.backend.name].append(c)
+        for name, copies in new.items():
+            backend = self._by_buffer_name[name]
+            for chunk in _chunks(copies, backend.alignment):
+                buffer = backend.alloc_buffer(sum(size for _, size in chunk))
+                offset = 0
+                for c, size in chunk:
+                    c.dst.buffer, c.dst.offset = buffer, offset
+                    backend.set_tensor(c.dst, home[c.src.id].get_tensor(c.src))
+                    offset += size
+                    self.stats.n_weight_copies += 1
+                    self.stats.weight_bytes_copied += c.dst.nbytes
 
     # -- memory ----------------------------------------------------------------------------------
     def alloc(self, graph: Graph) -> None:
         """Place, split and allocate a graph; prepare each split's plan. Call once per new graph."""
-        home = self.assign(graph)
-        splits = self.split(graph, home)
+        weights = self.weights(graph)
+        home = self.assign(graph, weights)
+        splits = self.split(graph, home, weights)
         lifetimes = _lifetimes(graph, splits, home)
         placed, sizes = plan_offsets(lifetimes, {b.name: b.alignment for b in self.backends})
         for backend in self.backends:
@@ -146,11 +244,20 @@ class Scheduler:
         for lt in lifetimes:
             pool, offset = placed[lt.tensor.id]
             lt.tensor.buffer, lt.tensor.offset = self._buffers[pool], offset
+        self._upload_weights(splits, home)
         for split in splits:
-            home.update({c.dst.id: split.backend for c in split.copies})
+            home.update({c.dst.id: split.backend for c in (*split.copies, *split.weight_copies)})
             split.plan = split.backend.compile(split.nodes, split.substitutes)
         self.graph, self.splits, self.home = graph, splits, home
         self.n_allocs += 1
+        self._count_graph(graph, splits, home)
+
+    def _count_graph(self, graph: Graph, splits: list[Split], home: dict[int, Backend]) -> None:
+        stats = self.stats
+        stats.n_splits = len(splits)
+        stats.n_copies = sum(len(s.copies) for s in splits)
+        stats.bytes_copied = sum(c.dst.nbytes for s in splits for c in s.copies)
+        stats.nodes = {b.name: sum(home[n.id] is b for n in graph.nodes) for b in self.backends}
 
     @property
     def compute_buffer_sizes(self) -> dict[str, int]:
@@ -168,15 +275,42 @@ class Scheduler:
         self._check(graph)
         for split in self.splits:
             for c in split.copies:
-                split.backend.set_tensor(c.dst, self.home[c.src.id].get_tensor(c.src))
+                self._copy(c, split.backend)
             split.plan()  # type: ignore[misc]
         for backend in self.backends:
             backend.synchronize()
+        self.stats.n_computes += 1
+        self.stats.total_copies += self.stats.n_copies
+        self.stats.total_bytes_copied += self.stats.bytes_copied
+
+    def _copy(self, c: Copy, to: Backend) -> None:
+        if c.src.is_contiguous():
+            to.set_tensor(c.dst, self.home[c.src.id].get_tensor(c.src))
+            return
+        self.home[c.src.id].synchronize()
+        base = c.src.base()   # a strided view: the bytes it spans, as they lie
+        raw = base.buffer.read(base.offset + c.src.base_offset(), c.src.nbytes)  # type: ignore[union-attr]
+        c.dst.buffer.write(c.dst.offset, raw)  # type: ignore[union-attr]
 
     def get_output(self, tensor: Tensor) -> np.ndarray:
         """A host copy of a computed tensor, shaped like numpy (ne reversed, trailing 1-dims dropped)."""
         data = self.home[tensor.id].get_tensor(tensor)
         return data.reshape(data.shape[MAX_DIMS - tensor.n_dims:])
+
+
+def _chunks(copies: list[Copy], alignment: int) -> list[list[tuple[Copy, int]]]:
+    """Copies grouped into buffers of at most WEIGHT_BUFFER_BYTES (a larger weight gets its own), each
+    with its aligned size: few allocations, none larger than a device is likely to allow."""
+    chunks: list[list[tuple[Copy, int]]] = [[]]
+    total = 0
+    for c in copies:
+        size = -(-c.dst.nbytes // alignment) * alignment
+        if chunks[-1] and total + size > WEIGHT_BUFFER_BYTES:
+            chunks.append([])
+            total = 0
+        chunks[-1].append((c, size))
+        total += size
+    return chunks
 
 
 def _reads(node: Tensor) -> tuple[Tensor, ...]:

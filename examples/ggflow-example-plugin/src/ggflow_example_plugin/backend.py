@@ -3,7 +3,8 @@
 It shows the whole backend contract in little code: memory (host buffers tagged with this backend's
 name), ``supports_op`` (ops, types and shapes it can run), and ``compute`` (reading a source through
 ``substitutes`` when the scheduler copied it here from another backend). Everything it declines, the
-scheduler runs on the CPU backend.
+scheduler runs on the CPU backend; the KV cache stays on the CPU (this backend cannot write it), and the
+weights its nodes read (the norm weights a ``mul`` scales by) are copied here once.
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ggflow.core.backend import Availability, Backend, HostBuffer
+from ggflow.core.backend import Availability, Backend, HostBuffer, substituted_memory
 from ggflow.core.ops import PURE_VIEWS, Op
-from ggflow.core.tensor import Tensor
+from ggflow.core.tensor import Tensor, strided_view
 from ggflow.errors import BackendError
 
 DISABLE_ENV = "GGFLOW_EXAMPLE_NUMPY_DISABLE"
@@ -84,10 +85,19 @@ class ExampleNumpyBackend(Backend):
             if not self.supports_op(node):
                 raise BackendError(f"{self.name} cannot run {node!r}: it runs only "
                                    f"{', '.join(KERNELS)} on F32 tensors")
-            sources = [subs.get(s, s).numpy() for s in node.src]
+            sources = [self._array(s, subs) for s in node.src]
             steps.append((KERNELS[node.op], node.numpy(), sources, node.op_params))
 
         def run() -> None:
             for kernel, out, sources, params in steps:
                 kernel(out, *sources, params)
         return run
+
+    def _array(self, t: Tensor, substitutes: Mapping[Tensor, Tensor]) -> np.ndarray:
+        """A numpy view of a source: of its copy if the scheduler made one (of it, or of what it views)."""
+        memory_of, extra = substituted_memory(t, substitutes, self.name)
+        base = memory_of.base()
+        if base.buffer is None or not base.buffer.is_host:
+            raise BackendError(f"{self.name} reads host memory only, and {t!r} is not in host memory")
+        start = base.offset + memory_of.base_offset() + extra
+        return strided_view(base.buffer.host_array(), start, t.type, t.ne, t.nb)
