@@ -84,8 +84,11 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
                                backends=backend, n_threads=n_threads)
 
     # -- sizes and special tokens (llama-cpp-python's names) ------------------------------------
-    def n_ctx(self) -> int:
-        return self._require_context().n_ctx
+    @property
+    def n_ctx(self) -> "ContextSize":
+        """The context size: ``llm.n_ctx()`` as llama-cpp-python calls it, and ``llm.n_ctx`` (ggflow's older
+        property, which the CLI still reads) is the same number."""
+        return ContextSize(self._require_context().n_ctx)
 
     def n_vocab(self) -> int:
         return self.vocab.n_vocab
@@ -292,6 +295,13 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
         timings.predicted_ms = 1e3 * (time.perf_counter() - t1)
         generation.result = Completion(stops.text, list(out), list(prompt), finish, timings, context_full, shifts,
                                        list(generation.logprobs) if run.n_top is not None else None, prompt_lp)
+
+
+class ContextSize(int):
+    """An int that may also be called for itself, so both ``llm.n_ctx`` and ``llm.n_ctx()`` give the size."""
+
+    def __call__(self) -> int:
+        return int(self)
 
 
 @dataclass
