@@ -369,3 +369,21 @@ def test_a_context_in_embeddings_mode_outputs_the_normed_hidden_state(tmp_path):
     ctx.memory.seq_rm(0, 0, -1)
     assert ctx.decode(Batch.from_tokens(tokens, all_logits=True)) == 0
     np.testing.assert_array_equal(ctx.get_logits(), logits)   # logits again after switching back
+
+
+def test_a_grammar_or_response_format_constrains_the_output(llm):
+    import importlib.util
+    import json
+
+    if importlib.util.find_spec("llguidance") is None:
+        pytest.skip("the grammar extra (llguidance) is not installed")
+    text = llm("Is the sky blue? The answer is", max_tokens=8, temperature=0,
+               grammar='root ::= " yes" | " no"')["choices"][0]["text"]
+    assert text in (" yes", " no")
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+              "additionalProperties": False}
+    out = llm.create_chat_completion([{"role": "user", "content": "Give me a JSON object with a name."}],
+                                     max_tokens=40, temperature=0,
+                                     response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "stop" and set(json.loads(choice["message"]["content"])) == {"name"}

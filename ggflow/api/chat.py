@@ -52,10 +52,6 @@ class ChatMixin:
         if function_call is not None and tool_choice is None:
             tool_choice = function_call if isinstance(function_call, str) else {"type": "function",
                                                                                "function": function_call}
-        if response_format is not None and not (isinstance(response_format, dict)
-                                                and response_format.get("type") == "text"):
-            raise ArgumentError("response_format", response_format,
-                                'None or {"type": "text"}: JSON-constrained output is not implemented yet')
         stream = A.check_bool("stream", stream)
         n_top = _chat_top_logprobs(logprobs, top_logprobs, self.vocab.n_vocab)
         options = llama_sampling(temperature, top_p, min_p, typical_p, frequency_penalty, presence_penalty,
@@ -63,7 +59,8 @@ class ChatMixin:
                                  logit_bias, grammar, sampling_options)
         tokens = self.chat_prompt_tokens(messages, tools, tool_choice)
         gen = self.generate(tokens, max_tokens, stop=stop, stream=True, logprobs=n_top,
-                            logits_processor=array_callables(logits_processor), **options)
+                            logits_processor=array_callables(logits_processor), response_format=response_format,
+                            **options)
         ident, created, name = shapes.completion_id("chatcmpl"), shapes.now(), model or self.model_path
         if stream:
             return self._chat_chunks(gen, ident, created, name, n_top is not None)

@@ -17,15 +17,13 @@ def llama_sampling(temperature: float, top_p: float, min_p: float, typical_p: fl
                    presence_penalty: float, repeat_penalty: float, top_k: int, seed: Any, tfs_z: float,
                    mirostat_mode: int, mirostat_tau: float, mirostat_eta: float, logit_bias: Any,
                    grammar: Any, extra: dict[str, Any]) -> dict[str, Any]:
-    """llama-cpp-python's sampling arguments as SamplingParams fields (extra: any other SamplingParams field).
-    ``extra["sampling"]``, a whole SamplingParams (ggflow's way), replaces all of them."""
+    """llama-cpp-python's sampling arguments as generate's keywords (extra: any other SamplingParams field).
+    ``extra["sampling"]``, a whole SamplingParams (ggflow's way), replaces the sampling ones."""
     if "sampling" in extra:
-        return dict(extra)
+        return {**extra, "grammar": grammar}
     if tfs_z != 1.0:
         raise ArgumentError("tfs_z", tfs_z, "1.0: tail-free sampling was removed from llama.cpp, and ggflow has none")
-    if grammar is not None:
-        raise ArgumentError("grammar", grammar, "None: grammar-constrained sampling is not implemented yet")
-    return {"temperature": temperature, "top_p": top_p, "min_p": min_p, "typical_p": typical_p,
+    return {"grammar": grammar,"temperature": temperature, "top_p": top_p, "min_p": min_p, "typical_p": typical_p,
             "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
             "repeat_penalty": repeat_penalty, "top_k": top_k, "seed": seed, "mirostat": mirostat_mode,
             "mirostat_tau": mirostat_tau, "mirostat_eta": mirostat_eta, "logit_bias": logit_bias, **extra}

@@ -197,13 +197,16 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
                  stop: "str | Sequence[str] | None" = (), stream: bool = False, sampling: Any = None,
                  logits_processor: Any = None, add_special: bool = True, parse_special: bool = False,
                  logprobs: int | None = None, prompt_logprobs: bool = False,
-                 stopping_criteria: Any = None, **sampling_options: Any) -> "Completion | Generation":
+                 stopping_criteria: Any = None, grammar: Any = None, json_schema: Any = None,
+                 response_format: Any = None, **sampling_options: Any) -> "Completion | Generation":
         """Complete a prompt (text, or token ids). stream=True returns a Generation yielding text pieces.
 
         max_tokens None or <= 0: until the end of text (or a full context). ``logprobs=N`` records each
         generated token's log-probability and the N most likely alternatives (``Completion.logprobs``);
         ``prompt_logprobs`` does the same for the prompt's tokens. ``logits_processor`` and
-        ``stopping_criteria`` take a callable or a list of them, as llama-cpp-python's do.
+        ``stopping_criteria`` take a callable or a list of them, as llama-cpp-python's do. ``grammar`` (GBNF, a
+        ggflow.structured.Grammar or a LlamaGrammar), ``json_schema`` or ``response_format`` (OpenAI's)
+        constrain the output (ggflow.structured; needs the grammar extra).
         """
         n_vocab = self.vocab.n_vocab
         prompt = A.check_prompt(prompt, n_vocab)
@@ -218,10 +221,14 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
         processors = _callables("logits_processor", logits_processor)
         criteria = _callables("stopping_criteria", stopping_criteria)
         self._require_context()
+        constraint = None
+        if grammar is not None or json_schema is not None or response_format is not None:
+            from ggflow.structured import grammar_from_request
+            constraint = grammar_from_request(grammar, json_schema, response_format)
         tokens = (self.vocab.tokenize(prompt, add_special=add_special, parse_special=parse_special)
                   if isinstance(prompt, str) else prompt)
         chain = self._sampler_chain(params, processors)
-        run = _Run(tokens, max_tokens, stops, chain, n_top, prompt_logprobs, criteria)
+        run = _Run(tokens, max_tokens, stops, chain, n_top, prompt_logprobs, criteria, constraint)
         generation = Generation(lambda g: self._serialized(run, g))
         if stream:
             return generation
@@ -260,6 +267,9 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
         prompt_lp = sequence_logprobs(logits_all, prompt, run.n_top or 0) if run.prompt_logprobs else None
         for tok in prompt:  # repetition penalties look at the prompt too
             run.chain.accept(tok)
+        if run.grammar is not None:  # after the prompt: prompt tokens are not grammar tokens
+            from ggflow.structured.sampler import GrammarSampler, constrain
+            constrain(run.chain, GrammarSampler(run.grammar, self.vocab))
         decoder = self.vocab.stream_decoder()
         stops = StopMatcher(run.stops)
         out = generation.tokens
@@ -314,6 +324,7 @@ class _Run:
     n_top: int | None               # logprobs alternatives (None: no logprobs)
     prompt_logprobs: bool
     criteria: list[Callable]        # stopping criteria
+    grammar: Any = None             # a ggflow.structured.Grammar the output must follow
 
 
 def _replace(params: Any, **changes: Any) -> Any:
