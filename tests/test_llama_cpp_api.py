@@ -382,8 +382,8 @@ def test_a_grammar_or_response_format_constrains_the_output(llm):
     assert text in (" yes", " no")
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
               "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
     out = llm.create_chat_completion([{"role": "user", "content": "Give me a JSON object with a name."}],
-                                     max_tokens=40, temperature=0,
-                                     response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+                                     max_tokens=40, temperature=0, response_format=fmt)
     choice = out["choices"][0]
     assert choice["finish_reason"] == "stop" and set(json.loads(choice["message"]["content"])) == {"name"}
