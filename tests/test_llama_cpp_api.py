@@ -158,7 +158,11 @@ def test_tools_reach_the_chat_template(llm):
         assert llm.detokenize(with_tools).text.startswith("[get_weather_in_city|auto]user: Weather in Paris?")
         assert "get_weather_in_city" not in llm.detokenize(without).text
         out = llm.create_chat_completion(messages, tools=tools, tool_choice="auto", max_tokens=2, temperature=0)
-        assert out["usage"]["prompt_tokens"] == len(with_tools)
+        # a template that shows no tool-call syntax gets the generic format: its system note comes first
+        calling = llm.tool_calling(tools, "auto")
+        assert calling.fmt.name == "generic"
+        shown = llm.chat_prompt_tokens(messages, tools=tools, tool_choice="auto", calling=calling)
+        assert out["usage"]["prompt_tokens"] == len(shown) > len(with_tools)
     finally:
         llm._template = own
 

@@ -41,11 +41,12 @@ def _ask(llm, prompt, max_tokens=96, **kw):
     return out["choices"][0]
 
 
-# Twenty schemas; strings and arrays are bounded so that a 135M model finishes within max_tokens.
+# Twenty schemas; strings, integers and arrays are bounded so that a 135M model finishes within max_tokens.
 NAME = {"type": "string", "minLength": 1, "maxLength": 12}
+INT = {"type": "integer", "minimum": -1000, "maximum": 1000}   # greedy digits of a free integer never stop
 SCHEMAS = {
-    "integer": {"type": "integer"},
-    "bounded_number": {"type": "number", "minimum": 0, "maximum": 100},
+    "integer": INT,
+    "number_enum": {"enum": [1.5, 2.5, 10]},   # a free JSON number's digits are unbounded: a 135M model runs on
     "boolean_object": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
                        "additionalProperties": False},
     "person": {"type": "object", "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0,
@@ -53,9 +54,9 @@ SCHEMAS = {
                "required": ["name", "age"], "additionalProperties": False},
     "enum_color": {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
                    "required": ["color"], "additionalProperties": False},
-    "const": {"type": "object", "properties": {"kind": {"const": "point"}, "x": {"type": "integer"}},
+    "const": {"type": "object", "properties": {"kind": {"const": "point"}, "x": INT},
               "required": ["kind", "x"], "additionalProperties": False},
-    "array_min_max": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 4},
+    "array_min_max": {"type": "array", "items": INT, "minItems": 2, "maxItems": 4},
     "array_of_names": {"type": "object", "properties": {"names": {"type": "array", "items": NAME,
                                                                    "minItems": 1, "maxItems": 3}},
                        "required": ["names"], "additionalProperties": False},
@@ -68,27 +69,28 @@ SCHEMAS = {
                                                                 "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}},
                      "required": ["date"], "additionalProperties": False},
     "pattern_code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"},
-    "ref": {"$defs": {"pt": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+    "ref": {"$defs": {"pt": {"type": "object", "properties": {"x": INT, "y": INT},
                              "required": ["x", "y"], "additionalProperties": False}},
             "type": "object", "properties": {"a": {"$ref": "#/$defs/pt"}, "b": {"$ref": "#/$defs/pt"}},
             "required": ["a", "b"], "additionalProperties": False},
-    "any_of": {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"error": NAME},
+    "any_of": {"anyOf": [INT, {"type": "object", "properties": {"error": NAME},
                                                 "required": ["error"], "additionalProperties": False}]},
-    "one_of_types": {"type": "object", "properties": {"v": {"type": ["integer", "boolean"]}}, "required": ["v"],
+    "one_of_types": {"type": "object", "properties": {"v": {"type": ["integer", "boolean"], "minimum": 0,
+                                                                          "maximum": 9}}, "required": ["v"],
                      "additionalProperties": False},
-    "optional_props": {"type": "object", "properties": {"title": NAME, "year": {"type": "integer"}},
+    "optional_props": {"type": "object", "properties": {"title": NAME, "year": INT},
                        "required": ["title"], "additionalProperties": False},
     "integer_bounds": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 10, "maximum": 20}},
                        "required": ["n"], "additionalProperties": False},
-    "exclusive_bounds": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+    "exclusive_bounds": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10},
     "array_of_objects": {"type": "array", "maxItems": 2, "minItems": 1, "items": {
-        "type": "object", "properties": {"id": {"type": "integer"}, "tag": {"enum": ["a", "b"]}},
+        "type": "object", "properties": {"id": INT, "tag": {"enum": ["a", "b"]}},
         "required": ["id", "tag"], "additionalProperties": False}},
     "string_length": {"type": "object", "properties": {"word": {"type": "string", "minLength": 3,
                                                                  "maxLength": 6}},
                       "required": ["word"], "additionalProperties": False},
     "tuple_prefix_items": {"type": "array", "prefixItems": [{"type": "string", "maxLength": 8},
-                                                            {"type": "integer"}], "items": False},
+                                                            INT], "items": False},
 }
 assert len(SCHEMAS) == 20
 

@@ -126,3 +126,44 @@ def test_auto_leaves_hermes_and_llama3_free_but_keeps_generic_json(vocab):
     for tid in vocab.tokenize('{"response": "Hi"}', add_special=False):
         sampler.accept(tid)
     assert sampler.is_accepting
+
+
+# -- through LLM.create_chat_completion on the default model -------------------------------------------
+@pytest.fixture(scope="module")
+def llm():
+    from ggflow.api import LLM
+    try:
+        return LLM(n_ctx=1024, backend="cpu")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"the default model is not installed: {exc}")
+
+
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_llm_chat_returns_a_required_tool_call_in_openai_shape(llm):
+    import jsonschema
+
+    out = llm.create_chat_completion(ASK, tools=[WEATHER], tool_choice="required", max_tokens=64, temperature=0)
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    [call] = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"])
+
+
+def test_llm_chat_streams_the_tool_call_as_one_delta(llm):
+    chunks = list(llm.create_chat_completion(ASK, tools=[WEATHER, TIME], stream=True, max_tokens=64,
+                                             temperature=0, tool_choice={"type": "function",
+                                                                         "function": {"name": "get_time"}}))
+    calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert [tc["function"]["name"] for tc in calls] == ["get_time"] and calls[0]["index"] == 0
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert not any(c["choices"][0]["delta"].get("content") for c in chunks)   # JSON held back, not streamed
+
+
+def test_tools_and_a_grammar_together_are_refused(llm):
+    from ggflow.errors import ArgumentError
+    with pytest.raises(ArgumentError, match="tools"):
+        llm.create_chat_completion(ASK, tools=[WEATHER], tool_choice="required", max_tokens=4,
+                                   response_format={"type": "json_object"})

@@ -223,8 +223,10 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
         self._require_context()
         constraint = None
         if grammar is not None or json_schema is not None or response_format is not None:
-            from ggflow.structured import grammar_from_request
-            constraint = grammar_from_request(grammar, json_schema, response_format)
+            from ggflow.structured import GrammarSampler, grammar_from_request
+            spec = grammar_from_request(grammar, json_schema, response_format)
+            # built (and checked against the vocabulary) now: a bad grammar fails before any work
+            constraint = GrammarSampler(spec, self.vocab) if spec is not None else None
         tokens = (self.vocab.tokenize(prompt, add_special=add_special, parse_special=parse_special)
                   if isinstance(prompt, str) else prompt)
         chain = self._sampler_chain(params, processors)
@@ -268,8 +270,7 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
         for tok in prompt:  # repetition penalties look at the prompt too
             run.chain.accept(tok)
         if run.grammar is not None:  # after the prompt: prompt tokens are not grammar tokens
-            from ggflow.structured.sampler import GrammarSampler, constrain
-            constrain(run.chain, GrammarSampler(run.grammar, self.vocab))
+            run.chain.samplers.insert(0, run.grammar)
         decoder = self.vocab.stream_decoder()
         stops = StopMatcher(run.stops)
         out = generation.tokens
@@ -324,7 +325,7 @@ class _Run:
     n_top: int | None               # logprobs alternatives (None: no logprobs)
     prompt_logprobs: bool
     criteria: list[Callable]        # stopping criteria
-    grammar: Any = None             # a ggflow.structured.Grammar the output must follow
+    grammar: Any = None             # a ggflow.structured.GrammarSampler the output must follow
 
 
 def _replace(params: Any, **changes: Any) -> Any:
