@@ -43,6 +43,9 @@ OPENINGS = ["Once upon a time", "The capital of France is", "def fibonacci(n):",
             "The recipe for bread starts with", "Machine learning is"]
 KINDS = (("complete", 0.55), ("plain", 0.1), ("cancel", 0.2), ("disconnect", 0.15))
 REQUEST_TIMEOUT_S = 120
+# idle connections are dropped before the server's keep-alive timeout (uvicorn's 5 s): with httpx's default
+# expiry of 5 s too, a request sent on a connection the server is closing just then is reset
+KEEPALIVE_EXPIRY_S = 1.0
 RSS_TOLERANCE = 0.05
 
 
@@ -215,7 +218,8 @@ def disconnect_request(port: int, tally: Tally, body: dict, read_bytes: int) -> 
 def client_loop(i: int, port: int, seed: int, deadline: float, tally: Tally) -> None:
     rng = random.Random(f"{seed}-{i}")
     kinds, weights = zip(*KINDS)
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=REQUEST_TIMEOUT_S) as h:
+    limits = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=REQUEST_TIMEOUT_S, limits=limits) as h:
         while time.monotonic() < deadline:
             kind = rng.choices(kinds, weights)[0]
             try:
@@ -368,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=None, help="seconds (default: a quarter, at most 60)")
     parser.add_argument("--slots", type=int, default=8, help="the server's -np (default 8)")
     parser.add_argument("--ctx", type=int, default=4096, help="the server's -c (default 4096)")
-    parser.add_argument("--threads", type=int, default=2, help="the server's -t (default 2)")
+    parser.add_argument("--threads", type=int, default=1, help="the server's -t (default 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log", default="soak_server.log", help="the server's output (default soak_server.log)")
     args = parser.parse_args(argv)
