@@ -156,13 +156,18 @@ def check_answer(r: httpx.Response, route: str, body: dict) -> None:
 
 
 def test_bodies_of_any_type_get_a_4xx_or_an_answer_never_a_5xx(server, expected):
+    statuses = []
+
     @HOSTILE
     @given(case=mistyped_bodies())
     def one(case):
         route, body = case
-        check_answer(post(server, route, json.dumps(body).encode()), route, body)
+        r = post(server, route, json.dumps(body).encode())
+        statuses.append(r.status_code)
+        check_answer(r, route, body)
     with bystander(server, expected):
         one()
+    assert 200 in statuses and 400 in statuses, statuses   # both refusals and answers were drawn
 
 
 WRONG_TYPES = [("prompt", 3), ("prompt", {"a": 1}), ("max_tokens", "ten"), ("max_tokens", 1.5), ("temperature", "hot"),
@@ -262,3 +267,15 @@ def test_unknown_fields_are_ignored_as_llama_server_ignores_them(server, expecte
             "frobnicate": {"a": [1, 2, {"b": "c" * 1000}]}, "": 1}
     r = post(server, "/v1/completions", json.dumps(body).encode())
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected
+
+
+@pytest.mark.parametrize("flag,value,message", [("--max-body-bytes", "0", "max_body_bytes must be at least 1"),
+                                                ("--body-timeout", "-1", "body_timeout_s must be > 0"),
+                                                ("-n", "0", "max_tokens_cap must be at least 1")])
+def test_serve_refuses_limits_that_admit_nothing(capsys, flag, value, message):
+    from ggflow.cli import main
+
+    assert main(["serve", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f in out for f in ("--max-body-bytes", "--body-timeout", "--max-tokens-cap"))
+    assert main(["serve", flag, value]) == 2 and message in capsys.readouterr().err

@@ -64,14 +64,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.parallel < 1:
         raise GGFlowError(f"-np must be at least 1, got {args.parallel}")
+    limits = ServerLimits(max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
+                          max_tokens_cap=args.max_tokens_cap)
     path = args.model or default_model_path()
     if not os.path.isfile(path):
         raise GGFlowError(f"model file not found: {path}")
     if args.ray:
         from ggflow.serving.ray_serve import run_cli
         return run_cli(args, path)
-    limits = ServerLimits(max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
-                          max_tokens_cap=args.max_tokens_cap)
     state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key, limits=limits)
 
     def load() -> None:  # /health answers 503 until this is done
