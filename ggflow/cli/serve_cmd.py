@@ -11,6 +11,7 @@ from typing import Any
 from ggflow.cli.args import int_at_least, port_number
 from ggflow.cli.common import backend_names
 from ggflow.errors import GGFlowError
+from ggflow.serving.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, ServerLimits
 
 
 def add_parser(subparsers: Any) -> None:
@@ -32,6 +33,15 @@ def add_parser(subparsers: Any) -> None:
                         help="requests that may wait for a slot; more are refused with 503 (default 64)")
     parser.add_argument("--api-key", default=os.environ.get("GGFLOW_API_KEY"),
                         help="require 'Authorization: Bearer KEY' (default: $GGFLOW_API_KEY, else none)")
+    limits = parser.add_argument_group("limits on one request")
+    limits.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help=f"larger request bodies get 413 (default {DEFAULT_MAX_BODY_BYTES})")
+    limits.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S,
+                        help=f"seconds a client has to send its request body, else 408 (default "
+                             f"{DEFAULT_BODY_TIMEOUT_S:g})")
+    limits.add_argument("-n", "--max-tokens-cap", type=int, default=None,
+                        help="a request asking for more tokens (or for no limit) gets this many, as "
+                             "llama-server's -n (default: no cap)")
     parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
     ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve as Ray Serve replicas with prefix-aware routing")
@@ -55,13 +65,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.parallel < 1:
         raise GGFlowError(f"-np must be at least 1, got {args.parallel}")
+    limits = ServerLimits(max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
+                          max_tokens_cap=args.max_tokens_cap)
     path = args.model or default_model_path()
     if not os.path.isfile(path):
         raise GGFlowError(f"model file not found: {path}")
     if args.ray:
         from ggflow.serving.ray_serve import run_cli
         return run_cli(args, path)
-    state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key)
+    state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key, limits=limits)
 
     def load() -> None:  # /health answers 503 until this is done
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from ggflow.serving.engine import Engine
 from ggflow.serving.openai_params import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
 from ggflow.serving.prometheus import metrics_text
 from ggflow.serving.generation import generate
+from ggflow.serving.limits import BodyLimits, BodyTimeoutError, BodyTooLargeError, ServerLimits
 from ggflow.serving.request import EngineStoppedError, PromptTooLongError, QueueFullError
 from ggflow.serving.responses import ResponseIds, error_response
 
@@ -38,6 +40,7 @@ class ServerState:
     api_key: str | None = None
     engine: Engine | None = None
     load_error: str | None = None
+    limits: ServerLimits = field(default_factory=ServerLimits)
     created: int = field(default_factory=lambda: int(time.time()))
     _template: Any = None
 
@@ -72,6 +75,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="ggflow", docs_url=None, redoc_url=None, dependencies=[Depends(require_api_key)])
     app.state.ggflow = state
+    app.add_middleware(BodyLimits, limits=lambda: state.limits)
     _install_error_handlers(app)
 
     @app.get("/health")
@@ -137,6 +141,7 @@ def create_app(state: ServerState) -> FastAPI:
                 raise GGFlowError(f"{len(prompt)} prompts in one request are not supported: send one per request")
             prompt = prompt[0]
         tokens = engine.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        body = _capped(body, COMPLETION_DEFAULT_MAX_TOKENS, state.limits)
         return await generate(http, engine, body, tokens, ResponseIds(False, state.model_name),
                               COMPLETION_DEFAULT_MAX_TOKENS, grammar=body.constraint())
 
@@ -155,6 +160,7 @@ def create_app(state: ServerState) -> FastAPI:
             grammar = grammar or tools.grammar()
             messages = tools.messages(messages)
         tokens = chat_prompt_tokens(template, engine.vocab, messages, tools=body.tools)
+        body = _capped(body, engine.n_ctx, state.limits)
         return await generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx,
                               grammar=grammar, tools=tools)
 
@@ -172,11 +178,19 @@ async def _parse(http: HTTPRequest, model: type[_Body]) -> _Body:
     """The JSON body as ``model``, whatever the Content-Type says (curl -d sends form encoding)."""
     raw = await http.body()
     try:
-        data = json.loads(raw or b"null")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(raw or b"null", parse_constant=_no_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise _BadBody("the request body is nested too deeply") from None
+    except ValueError as exc:   # bad JSON or UTF-8; an integer of more than 4300 digits (int_max_str_digits)
         raise _BadBody(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise _BadBody(f"the request body must be a JSON object, got {type(data).__name__}")
+    try:   # JSON may escape a lone UTF-16 surrogate ("\\ud800"): a str no tokenizer can encode
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise _BadBody("the request body is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise _BadBody("the request body has a lone UTF-16 surrogate escape (\\ud800-\\udfff): not text") from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -184,8 +198,29 @@ async def _parse(http: HTTPRequest, model: type[_Body]) -> _Body:
             f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg')}" for e in exc.errors())) from None
 
 
+def _no_constant(name: str) -> Any:
+    """Python's json reads NaN, Infinity and -Infinity; JSON has no such numbers."""
+    raise _BadBody(f"the request body is not valid JSON: {name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):   # 1e400 reads as inf
+        raise _BadBody(f"the request body has a number out of range: {text[:40]}")
+    return value
+
+
+def _capped(body: _Body, default_max_tokens: int, limits: ServerLimits) -> _Body:
+    """As llama-server's -n: a request asking for more tokens than the cap (or for no limit) gets the cap."""
+    if limits.max_tokens_cap is None:
+        return body
+    wanted = body.token_limit(default_max_tokens)  # type: ignore[attr-defined]
+    return body.model_copy(update={"max_completion_tokens": limits.cap_tokens(wanted)})
+
+
 # exception -> (HTTP status, OpenAI error type); the first match wins, so subclasses come first
-_ERRORS = ((PromptTooLongError, 400, "exceed_context_size_error"), (QueueFullError, 503, "unavailable_error"),
+_ERRORS = ((PromptTooLongError, 400, "exceed_context_size_error"), (BodyTooLargeError, 413, "invalid_request_error"),
+           (BodyTimeoutError, 408, "timeout_error"), (QueueFullError, 503, "unavailable_error"),
            (EngineStoppedError, 503, "unavailable_error"), (_Unavailable, 503, "unavailable_error"),
            (_Unauthorized, 401, "authentication_error"), (GGFlowError, 400, "invalid_request_error"))
 
