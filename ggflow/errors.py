@@ -39,3 +39,26 @@ class ModelLoadError(GGFlowError):
 
 class ChatTemplateError(GGFlowError):
     """A chat template that does not parse, or that raised while rendering (its own message is kept)."""
+
+
+class ArgumentError(GGFlowError, ValueError):
+    """A public argument with a value the call cannot take. Names the argument, the value and what is accepted."""
+
+    def __init__(self, name: str, value: object, accepted: str):
+        self.name, self.value, self.accepted = name, value, accepted
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"{name}={shown} is not accepted: {name} must be {accepted}")
+
+
+class ContextMemoryError(GGFlowError, MemoryError):
+    """The KV cache and compute buffers a context size needs do not fit in the memory available."""
+
+
+class ContextFullError(GGFlowError, ValueError):
+    """The tokens to evaluate do not fit in the context (a prompt longer than n_ctx)."""
+
+
+class GrammarError(GGFlowError, ValueError):
+    """A grammar, JSON schema or regex that does not compile, or output that cannot continue it."""

@@ -7,6 +7,7 @@ same bytes, and the metadata was the same (docs/quantization.md, "Quantizing a m
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import gguf
@@ -20,7 +21,7 @@ from ggflow.core.batch import Batch
 from ggflow.core.context import DECODE_OK, Context
 from ggflow.core.gguf_file import GGUFFile
 from ggflow.core.model import Model
-from ggflow.errors import ModelLoadError, QuantizationError, UnknownNameError
+from ggflow.errors import GGFlowError, ModelLoadError, QuantizationError, UnknownNameError
 from ggflow.quantize_model.mixes import MIXES, ModelFacts, TensorDesc, choose_types, fallback_type, find_mix, use_more_bits
 from ggflow.quantize_model import quantize_model
 from tests.fixtures import tiny_models
@@ -490,13 +491,19 @@ def test_success_replaces_an_existing_output(tiny_model_path, tmp_path):
     assert gguf.GGUFReader(out).tensors and leftovers(tmp_path) == []
 
 
-def test_output_may_replace_the_input(tiny_model_path, tmp_path):
+@pytest.mark.parametrize("alias", ["same", "symlink", "hardlink"])
+def test_output_never_replaces_the_input(tiny_model_path, tmp_path, alias):
     path = tmp_path / "model.gguf"
-    path.write_bytes(Path(tiny_model_path("llama")).read_bytes())
-    size = path.stat().st_size
-    report = quantize_model(path, path, "Q8_0", progress=False)
-    assert report.in_size == size and report.out_size == path.stat().st_size < size
-    assert set(tensor_types(path).values()) == {"Q8_0", "F32"} and leftovers(tmp_path) == []
+    original = Path(tiny_model_path("llama")).read_bytes()
+    path.write_bytes(original)
+    out = {"same": path, "symlink": tmp_path / "link.gguf", "hardlink": tmp_path / "hard.gguf"}[alias]
+    if alias == "symlink":
+        out.symlink_to(path)
+    elif alias == "hardlink":
+        os.link(path, out)
+    with pytest.raises(GGFlowError, match="never overwrites its input"):
+        quantize_model(path, out, "Q8_0", progress=False)
+    assert path.read_bytes() == original and leftovers(tmp_path) == []
 
 
 def test_truncated_input_is_a_load_error_naming_it(tiny_model_path, tmp_path):

@@ -322,7 +322,7 @@ def test_serve_is_a_ggflow_command_with_llama_server_flags(capsys):
     out = capsys.readouterr().out
     for flag in ("--host", "--port", "-np", "-c", "--api-key", "--backend", "-t"):
         assert flag in out
-    assert main(["serve", "-np", "0"]) == 2 and "-np must be at least 1" in capsys.readouterr().err
+    assert main(["serve", "-np", "0"]) == 2 and "-np/--parallel: 0 is out of range" in capsys.readouterr().err
 
 
 def test_seeded_streams_sample_the_same_alone_and_concurrently(server, client):

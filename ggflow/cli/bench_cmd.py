@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ggflow.cli.common import backend_names
+from ggflow.cli.args import int_at_least
+from ggflow.cli.common import KV_TYPES, backend_names, model_path
 
 
 def add_parser(subparsers: Any) -> None:
@@ -19,28 +20,29 @@ def add_parser(subparsers: Any) -> None:
                                    description="llama-bench style: pp<N> and tg<N> tokens/s (mean and stddev "
                                                "over repetitions, after a warm-up run) and peak RSS.")
     parser.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("-p", "--n-prompt", type=int, default=64, help="prompt tokens per pp test (0: skip)")
-    parser.add_argument("-n", "--n-gen", type=int, default=32, help="generated tokens per tg test (0: skip)")
-    parser.add_argument("-r", "--repetitions", type=int, default=3)
-    parser.add_argument("-t", "--threads", type=int, default=None)
+    parser.add_argument("-p", "--n-prompt", type=int_at_least(0, "0: skip"), default=64,
+                        help="prompt tokens per pp test (0: skip)")
+    parser.add_argument("-n", "--n-gen", type=int_at_least(0, "0: skip"), default=32,
+                        help="generated tokens per tg test (0: skip)")
+    parser.add_argument("-r", "--repetitions", type=int_at_least(1), default=3)
+    parser.add_argument("-t", "--threads", type=int_at_least(1), default=None)
     parser.add_argument("--backend", default="cpu", help="backend name(s), comma separated (default: cpu)")
-    parser.add_argument("--cache-type-k", default="F16")
-    parser.add_argument("--cache-type-v", default="F16")
+    parser.add_argument("--cache-type-k", type=str.upper, choices=KV_TYPES, default="F16")
+    parser.add_argument("--cache-type-v", type=str.upper, choices=KV_TYPES, default="F16")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, compiles_kernels=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggflow.api import default_model_path
     from ggflow.core.batch import Batch
     from ggflow.core.context import Context
     from ggflow.core.model import Model
 
-    path = args.model or default_model_path()
+    path = model_path(args)
     model = Model.load(path)
     n_ctx = max(256, args.n_prompt + args.n_gen + 1)
     ctx = Context(model, n_ctx=n_ctx, backends=backend_names(args.backend), n_threads=args.threads,
-                  type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper())
+                  type_k=args.cache_type_k, type_v=args.cache_type_v)
     rng = np.random.default_rng(0)
 
     def pp() -> float:

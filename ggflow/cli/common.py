@@ -4,15 +4,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from ggflow.cli.args import UsageError, available_memory, int_at_least, model_file
+
+KV_TYPES = ("F16", "F32")
+
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("-c", "--ctx-size", type=int, default=2048, help="context size in tokens (default 2048)")
-    parser.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    parser.add_argument("-b", "--ubatch-size", type=int, default=512, help="tokens per graph evaluation")
+    parser.add_argument("-c", "--ctx-size", type=int_at_least(0, "0: the model's training context"), default=2048,
+                        help="context size in tokens; 0: the model's training context (default 2048)")
+    parser.add_argument("-t", "--threads", type=int_at_least(1), default=None, help="CPU threads (default: all cores)")
+    parser.add_argument("-b", "--ubatch-size", type=int_at_least(1), default=512, help="tokens per graph evaluation")
     parser.add_argument("--backend", default="auto", help="backend name(s), comma separated (default: auto)")
-    parser.add_argument("--cache-type-k", default="F16", help="KV cache type for K (F16, F32)")
-    parser.add_argument("--cache-type-v", default="F16", help="KV cache type for V (F16, F32)")
+    parser.add_argument("--cache-type-k", type=str.upper, choices=KV_TYPES, default="F16", help="KV cache type for K")
+    parser.add_argument("--cache-type-v", type=str.upper, choices=KV_TYPES, default="F16", help="KV cache type for V")
+    parser.set_defaults(compiles_kernels=True)
 
 
 # llama.cpp's flag -> the SamplingParams field it sets; the default and help come from the field.
@@ -52,9 +58,41 @@ def backend_names(spec: str) -> "str | list[str]":
     return spec if spec == "auto" else [s.strip() for s in spec.split(",") if s.strip()]
 
 
+def model_path(args: argparse.Namespace) -> str:
+    from ggflow.api import default_model_path
+
+    return model_file(args.model) if args.model else default_model_path()
+
+
+def context_size(path: str, requested: int, type_k: str, type_v: str) -> int:
+    """-c as a number of cells: 0 is the model's training context; a cache that cannot fit in memory is refused
+    here, in one line, rather than as a MemoryError from numpy."""
+    from ggflow.core.gguf_file import GGUFFile
+    from ggflow.core.model import Metadata
+    from ggflow.core.types import type_traits
+    from ggflow.plugins.manager import get_plugin_manager
+
+    # The header alone (no tensor table, no merges): cheap next to the load that follows.
+    fields = GGUFFile(path, keep=lambda key: key != "tokenizer.ggml.merges", tensors=False).fields
+    meta = Metadata(fields, path)
+    hp = get_plugin_manager().architectures.get(meta.arch).load_hparams(meta)
+    n_ctx = requested or hp.n_ctx_train
+    per_token = hp.n_layer * (type_traits(type_k).row_bytes(hp.n_embd_k_gqa)
+                              + type_traits(type_v).row_bytes(hp.n_embd_v_gqa))
+    free = available_memory()
+    if n_ctx * per_token > free:
+        raise UsageError(f"-c/--ctx-size {requested}: a KV cache of {n_ctx} tokens needs "
+                         f"{n_ctx * per_token / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB of memory "
+                         f"available; accepted: 0 (the training context, {hp.n_ctx_train}) "
+                         f"or 1..{free // per_token}")
+    return n_ctx
+
+
 def load_llm(args: argparse.Namespace):
     from ggflow.api import LLM
 
-    return LLM(args.model, backend=backend_names(args.backend), n_ctx=args.ctx_size, n_threads=args.threads,
-               n_ubatch=args.ubatch_size, type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper(),
+    path = model_path(args)
+    n_ctx = context_size(path, args.ctx_size, args.cache_type_k, args.cache_type_v)
+    return LLM(path, backend=backend_names(args.backend), n_ctx=n_ctx, n_threads=args.threads,
+               n_ubatch=args.ubatch_size, type_k=args.cache_type_k, type_v=args.cache_type_v,
                seed=getattr(args, "seed", None))

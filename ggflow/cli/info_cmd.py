@@ -37,9 +37,9 @@ def describe(path: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggflow.api import default_model_path
+    from ggflow.cli.common import model_path
 
-    info = describe(args.model or default_model_path())
+    info = describe(model_path(args))
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ggflow.cli.args import not_a_directory
 from ggflow.quantize_model.mixes import ALIASES, MIXES
 
 
@@ -25,6 +26,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    not_a_directory(args.input, "IN.gguf")  # a missing file: quantize_model says so itself
     from ggflow.quantize_model import quantize_model
 
     report = quantize_model(args.input, args.output, args.type, pure=args.pure, progress=not args.quiet)

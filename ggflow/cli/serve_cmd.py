@@ -8,6 +8,7 @@ import signal
 import threading
 from typing import Any
 
+from ggflow.cli.args import int_at_least, port_number
 from ggflow.cli.common import backend_names
 from ggflow.errors import GGFlowError
 
@@ -17,17 +18,17 @@ def add_parser(subparsers: Any) -> None:
                                    description="OpenAI-compatible server with continuous batching over N slots.")
     parser.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    parser.add_argument("-np", "--parallel", type=int, default=4, help="slots: requests decoded together")
-    parser.add_argument("-c", "--ctx-size", type=int, default=8192,
+    parser.add_argument("--port", type=port_number, default=8080, help="port (default 8080)")
+    parser.add_argument("-np", "--parallel", type=int_at_least(1), default=4, help="slots: requests decoded together")
+    parser.add_argument("-c", "--ctx-size", type=int_at_least(1), default=8192,
                         help="KV cache size in tokens, shared by the slots (default 8192)")
-    parser.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per step, at most (default 512)")
-    parser.add_argument("-ub", "--ubatch-size", type=int, default=512, help="tokens per graph evaluation")
-    parser.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    parser.add_argument("-b", "--batch-size", type=int_at_least(1), default=512, help="tokens per step, at most (default 512)")
+    parser.add_argument("-ub", "--ubatch-size", type=int_at_least(1), default=512, help="tokens per graph evaluation")
+    parser.add_argument("-t", "--threads", type=int_at_least(1), default=None, help="CPU threads (default: all cores)")
     parser.add_argument("--backend", default="auto", help="backend name(s), comma separated (default: auto)")
     parser.add_argument("--cache-type-k", default="F16", help="KV cache type for K (F16, F32)")
     parser.add_argument("--cache-type-v", default="F16", help="KV cache type for V (F16, F32)")
-    parser.add_argument("--max-queue", type=int, default=64,
+    parser.add_argument("--max-queue", type=int_at_least(0), default=64,
                         help="requests that may wait for a slot; more are refused with 503 (default 64)")
     parser.add_argument("--api-key", default=os.environ.get("GGFLOW_API_KEY"),
                         help="require 'Authorization: Bearer KEY' (default: $GGFLOW_API_KEY, else none)")

@@ -31,7 +31,7 @@ DECODE_NO_KV_SLOT = 1   # llama.cpp's contract: the batch did not fit; nothing c
 
 @dataclass
 class _BuiltGraph:
-    key: tuple[int, int, int]
+    key: tuple[int, int, int, bool]   # n_tokens, n_outputs, n_kv, embeddings
     graph: Graph
     builder: GraphBuilder
     logits: Tensor
@@ -57,6 +57,7 @@ class Context:
         self._built: _BuiltGraph | None = None
         self.n_graph_builds = 0
         self.n_graph_reuses = 0
+        self.embeddings = False   # outputs are hidden states (get_embeddings), not logits: set_embeddings
         self._logits = np.zeros((0, model.hparams.n_vocab), np.float32)
         self._logit_row: dict[int, int] = {}   # batch index -> row of _logits
 
@@ -108,12 +109,13 @@ class Context:
         return DECODE_OK
 
     def _graph_for(self, ub: UBatch, n_kv: int) -> _BuiltGraph:
-        key = (ub.n_tokens, ub.n_outputs, n_kv)
+        key = (ub.n_tokens, ub.n_outputs, n_kv, self.embeddings)
         if self._built is not None and self._built.key == key:
             self.n_graph_reuses += 1
             return self._built
-        builder = GraphBuilder(self.model, self.memory, *key)
-        logits = self.model.arch.build_graph(builder)
+        builder = GraphBuilder(self.model, self.memory, ub.n_tokens, ub.n_outputs, n_kv,
+                               embeddings=self.embeddings)
+        logits = builder.output(self.model.arch.build_graph(builder))
         graph = builder.finish(logits)
         self.scheduler.alloc(graph)
         self.n_graph_builds += 1
@@ -134,12 +136,24 @@ class Context:
                 sched.set_input(tensor, data)
         sched.compute(built.graph)
         if ub.n_outputs == 0:
-            return np.zeros((0, self.model.hparams.n_vocab), np.float32)
+            hp = self.model.hparams
+            return np.zeros((0, hp.n_embd if self.embeddings else hp.n_vocab), np.float32)
         return sched.get_output(built.logits).reshape(ub.n_outputs, -1)
 
     # -- results -------------------------------------------------------------------------------
     def get_logits(self) -> np.ndarray:
         """Logits of the last decode's output tokens, [n_outputs, n_vocab], in batch order."""
+        return self._logits
+
+    def set_embeddings(self, on: bool) -> None:
+        """Whether decode outputs the final hidden states (after the output norm) instead of logits
+        (llama_set_embeddings); the graph is rebuilt for the other output."""
+        self.embeddings = bool(on)
+
+    def get_embeddings(self) -> np.ndarray:
+        """Hidden states of the last decode's output tokens, [n_outputs, n_embd], in batch order."""
+        if not self.embeddings:
+            raise BatchError("the context outputs logits: set_embeddings(True) before decoding for embeddings")
         return self._logits
 
     def get_logits_ith(self, i: int) -> np.ndarray:

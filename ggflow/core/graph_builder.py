@@ -33,9 +33,12 @@ class FFN(Enum):
 
 
 class GraphBuilder:
-    def __init__(self, model: "Model", memory: "Memory", n_tokens: int, n_outputs: int, n_kv: int):
+    def __init__(self, model: "Model", memory: "Memory", n_tokens: int, n_outputs: int, n_kv: int,
+                 embeddings: bool = False):
         self.model, self.hp, self.memory = model, model.hparams, memory
         self.n_tokens, self.n_outputs, self.n_kv = n_tokens, n_outputs, n_kv
+        self.embeddings = embeddings   # output the final hidden state instead of logits (llama.cpp's t_embd)
+        self.t_embd: Tensor | None = None
         self.graph = Graph()
         self.inp_tokens = ops.new_input("I32", (n_tokens,), "inp_tokens")
         self.inp_pos = ops.new_input("I32", (n_tokens,), "inp_pos")
@@ -143,14 +146,23 @@ class GraphBuilder:
         return tuple(ops.get_rows(x, self.inp_out_ids) for x in xs)
 
     def lm_head(self, x: Tensor, output: Tensor) -> Tensor:
-        """Logits [n_vocab, n_outputs] (output is the token embedding, for a model that ties them)."""
+        """Logits [n_vocab, n_outputs] (output is the token embedding, for a model that ties them).
+        With ``embeddings``, x itself [n_embd, n_outputs]: the hidden state after the output norm, kept as
+        ``t_embd`` (what an architecture does to the logits afterwards, e.g. a softcap, is left out)."""
+        if self.embeddings:
+            self.t_embd = x
+            return x
         return ops.mul_mat(output, x)
 
     def split_heads(self, x: Tensor, head_dim: int) -> Tensor:
         """[head_dim * n, n_tokens] -> [head_dim, n, n_tokens]."""
         return ops.reshape(x if x.is_contiguous() else ops.cont(x), head_dim, x.ne[0] // head_dim, self.n_tokens)
 
+    def output(self, result: Tensor) -> Tensor:
+        """What the graph outputs for an architecture's result: the logits, or with ``embeddings`` t_embd."""
+        return self.t_embd if self.embeddings and self.t_embd is not None else result
+
     def finish(self, logits: Tensor) -> Graph:
-        logits.name = "result_output"
+        logits.name = "result_norm" if logits is self.t_embd else "result_output"
         self.graph.mark_output(logits)
         return self.graph

@@ -31,7 +31,7 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     in_path, out_path = str(in_path), Path(out_path)
     src = open_input(in_path)
     planned = plan(src, mix, model_facts(src), pure)
-    _check_output_path(out_path)
+    _check_output_path(in_path, out_path)
     report = QuantizeReport(in_path, str(out_path), mix.name, mix.ftype, pure, in_size=src.size)
     tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
     out = GGUFOutput(str(tmp), src.alignment)  # opens no file until its header is written
@@ -46,7 +46,7 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
         out.close()
         tmp.unlink(missing_ok=True)
         raise
-    report.out_size = os.path.getsize(out_path)  # in_size was taken before: OUT may have replaced IN
+    report.out_size = os.path.getsize(out_path)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -55,12 +55,18 @@ def _type_id(type_name: str) -> int:
     return int(gguf.GGMLQuantizationType[type_name])
 
 
-def _check_output_path(out_path: Path) -> None:
+def _check_output_path(in_path: str, out_path: Path) -> None:
     parent = out_path.parent
     if not parent.is_dir():
         raise GGFlowError(f"{out_path}: cannot write there, the directory {parent} does not exist")
     if out_path.is_dir():
         raise GGFlowError(f"{out_path} is a directory; give the output file's name")
+    # The input is read while the output is written, and a failed or wrong mix must leave the original:
+    # never replace it, under its own name or another (a symlink, a hard link).
+    if out_path.exists() and os.path.samefile(in_path, out_path):
+        alias = "" if os.path.abspath(in_path) == os.path.abspath(out_path) else " (the same file under another name)"
+        raise GGFlowError(f"OUT.gguf {str(out_path)!r} is the input IN.gguf {in_path!r}{alias}; quantize never "
+                          "overwrites its input: give another output path")
 
 
 def _write_tensors(out: GGUFOutput, in_path: str, planned: list[Planned], mix: Mix,

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from ggflow.core.sampling import SamplingParams
 from ggflow.errors import GGFlowError
+from ggflow.structured.chat_tools import ToolCalling
 from ggflow.serving.chat import chat_prompt_tokens
 from ggflow.serving.engine import Engine
 from ggflow.serving.openai_params import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
@@ -137,15 +138,25 @@ def create_app(state: ServerState) -> FastAPI:
             prompt = prompt[0]
         tokens = engine.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         return await generate(http, engine, body, tokens, ResponseIds(False, state.model_name),
-                              COMPLETION_DEFAULT_MAX_TOKENS)
+                              COMPLETION_DEFAULT_MAX_TOKENS, grammar=body.constraint())
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat_completions(http: HTTPRequest):
         body = await _parse(http, ChatCompletionBody)
         engine = state.ready()
-        tokens = chat_prompt_tokens(state.chat_template(), engine.vocab, body.messages)
-        return await generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx)
+        template = state.chat_template()
+        tools = ToolCalling.for_request(body.tools, body.tool_choice, body.parallel_tool_calls, template.source)
+        grammar = body.constraint()
+        messages = body.messages
+        if tools is not None:
+            if grammar is not None and tools.grammar() is not None:
+                raise GGFlowError("a request with tools cannot also set grammar, json_schema or response_format")
+            grammar = grammar or tools.grammar()
+            messages = tools.messages(messages)
+        tokens = chat_prompt_tokens(template, engine.vocab, messages, tools=body.tools)
+        return await generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx,
+                              grammar=grammar, tools=tools)
 
     return app
 

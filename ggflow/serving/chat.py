@@ -4,9 +4,10 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 
-def chat_prompt_tokens(template: Any, vocab: Any, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+def chat_prompt_tokens(template: Any, vocab: Any, messages: Sequence[Mapping[str, Any]],
+                       tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
     """Render with the generation prompt; special tokens in the text are parsed, BOS added unless written."""
-    prompt = template.render(messages, add_generation_prompt=True)
+    prompt = template.render(messages, add_generation_prompt=True, tools=tools)
     bos = vocab.bos_id
     has_bos = bos is not None and prompt.startswith(vocab.token_text(bos))  # the template wrote it
     return vocab.tokenize(prompt, add_special=not has_bos, parse_special=True)

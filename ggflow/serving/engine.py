@@ -105,6 +105,9 @@ class Engine:
             raise GGFlowError(f"max_tokens must be at least 1, got {request.max_tokens}")
         # built here, in the caller's thread: bad sampling options are the caller's error, not the engine's
         request.chain = build_chain(request.sampling, vocab_size=self.vocab.n_vocab, vocab=self.vocab)
+        if request.grammar is not None:   # a grammar the vocabulary cannot use is refused here too
+            from ggflow.structured import GrammarSampler
+            request.constraint = GrammarSampler(request.grammar, self.vocab)
 
     def call_soon(self, fn: Callable[[], Any]) -> Future:
         """Run fn in the engine thread before its next step (the Context is touched only there)."""

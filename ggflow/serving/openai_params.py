@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Union
+from typing import TYPE_CHECKING, Any, Iterable, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ggflow.core.sampling import SamplingParams
 from ggflow.errors import GGFlowError
+
+if TYPE_CHECKING:
+    from ggflow.structured import Grammar
 
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "min_keep", "dynatemp_range",
                     "dynatemp_exponent", "repeat_penalty", "repeat_last_n", "frequency_penalty",
@@ -59,6 +62,9 @@ class GenerationBody(_Strict):
     mirostat_eta: float | None = None
     seed: int | None = None
     ignore_eos: bool = False                   # llama-server's: end-of-generation tokens get a -inf bias
+    grammar: str | None = None                 # llama-server's: GBNF
+    json_schema: dict[str, Any] | None = None  # llama-server's
+    response_format: dict[str, Any] | None = None   # OpenAI's: text, json_object, json_schema
 
     def sampling(self, eog_tokens: Iterable[int] = ()) -> SamplingParams:
         """The request's sampling options; llama.cpp's defaults for the fields it leaves out."""
@@ -75,6 +81,12 @@ class GenerationBody(_Strict):
         if self.ignore_eos:
             given["logit_bias"] = {**given.get("logit_bias", {}), **{t: -math.inf for t in eog_tokens}}
         return SamplingParams(**given)
+
+    def constraint(self) -> "Grammar | None":
+        """The grammar the request asks for (grammar, json_schema or response_format), checked later against
+        the vocabulary; an invalid one is a GrammarError (400)."""
+        from ggflow.structured import grammar_from_request
+        return grammar_from_request(self.grammar, self.json_schema, self.response_format)
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -96,6 +108,9 @@ class CompletionBody(GenerationBody):
 
 class ChatCompletionBody(GenerationBody):
     messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool = True
 
 
 class TokenizeBody(_Strict):

@@ -4,11 +4,14 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Sequence, Union
 
 from ggflow.api import Completion
 from ggflow.core.sampling import SamplerChain, SamplingParams
 from ggflow.errors import GGFlowError
+
+if TYPE_CHECKING:
+    from ggflow.structured import Grammar, GrammarSampler
 
 
 class QueueFullError(GGFlowError):
@@ -53,11 +56,13 @@ class Request:
     max_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: Sequence[str] = ()
+    grammar: "Grammar | None" = None           # constrains the output (ggflow.structured)
     id: int = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self):
         self.prompt = [int(t) for t in self.prompt]
         self.chain: SamplerChain | None = None    # built by Engine.submit
+        self.constraint: "GrammarSampler | None" = None   # built by Engine.submit from ``grammar``
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:

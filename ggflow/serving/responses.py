@@ -4,11 +4,15 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse
 
 from ggflow.api import Completion
+
+if TYPE_CHECKING:
+    from ggflow.structured.chat_tools import ToolCalling
+    from ggflow.structured.tool_calls import ToolCall
 
 
 @dataclass
@@ -32,9 +36,11 @@ def usage(c: Completion) -> dict[str, int]:
             "total_tokens": len(c.prompt_tokens) + len(c.tokens)}
 
 
-def full_response(ids: ResponseIds, c: Completion) -> dict[str, Any]:
+def full_response(ids: ResponseIds, c: Completion, tools: "ToolCalling | None" = None) -> dict[str, Any]:
     if ids.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason}
+        message, finish = (tools.reply(c.text, c.finish_reason) if tools is not None
+                           else ({"role": "assistant", "content": c.text}, c.finish_reason))
+        choice = {"index": 0, "message": message, "finish_reason": finish}
     else:
         choice = {"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
     return {**ids.head(False), "choices": [choice], "usage": usage(c), "timings": c.timings.as_dict()}
@@ -52,9 +58,15 @@ def chunk(ids: ResponseIds, text: str | None, finish_reason: str | None = None, 
     return {**ids.head(True), "choices": [choice]}
 
 
-def final_chunk(ids: ResponseIds, c: Completion) -> dict[str, Any]:
+def tool_calls_chunk(ids: ResponseIds, calls: list["ToolCall"]) -> dict[str, Any]:
+    """The reply's tool calls as one delta (each call whole: arguments are not split across chunks)."""
+    delta = {"tool_calls": [call.as_openai(index=i) for i, call in enumerate(calls)]}
+    return {**ids.head(True), "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+
+def final_chunk(ids: ResponseIds, c: Completion, finish_reason: str | None = None) -> dict[str, Any]:
     """The chunk carrying finish_reason (and llama-server's timings)."""
-    return {**chunk(ids, None, c.finish_reason), "timings": c.timings.as_dict()}
+    return {**chunk(ids, None, finish_reason or c.finish_reason), "timings": c.timings.as_dict()}
 
 
 def usage_chunk(ids: ResponseIds, c: Completion) -> dict[str, Any]:

@@ -44,6 +44,8 @@ class Slot:
                       else build_chain(request.sampling, vocab_size=vocab.n_vocab, vocab=vocab))
         for tok in request.prompt:  # repetition penalties look at the prompt too
             self.chain.accept(tok)
+        if request.constraint is not None:   # after the prompt: prompt tokens are not grammar tokens
+            self.chain.samplers.insert(0, request.constraint)
         self.vocab = vocab
         self.decoder = vocab.stream_decoder()
         self.stops = StopMatcher(request.stop)

@@ -170,12 +170,15 @@ def _bind_fixed_order(node: Tensor, arrays: TensorArrays) -> Kernel:
     round_x = vec_dot_rounding(a.type, k)
     x_in_place = x_native is not None and a.type.vec_dot_type in ("F32", "F16")
     round_x_to_f16 = x_in_place and a.type.vec_dot_type == "F16"
-    target = out if out.dtype == F32 and out.strides[-1] == F32.itemsize else np.empty(out.shape, F32)
+    # x and out always C-contiguous: numba compiles a kernel once per argument layout, and a strided x (q,
+    # permuted, in a prompt) next to a contiguous one (softmax rows, a decode step's q) compiled each
+    # driver twice, some 8 s per compile; copying q costs microseconds.
+    target = out if out.dtype == F32 and out.flags.c_contiguous else np.empty(out.shape, F32)
 
     def run() -> None:
         a_data, a_step = a_memory if a_memory is not None else fixed_order.as_memory(a_f32())
         x = x_native if x_in_place else round_x(to_f32(b_view, b.type))
-        kernel(a_data, a_shape, a_step, x, target, round_x_to_f16, tasks)
+        kernel(a_data, a_shape, a_step, np.ascontiguousarray(x), target, round_x_to_f16, tasks)
         if target is not out:
             out[...] = target
     return run

@@ -1,0 +1,344 @@
+"""``LLM``: a model, its context, and generation over them (the native ``generate``; llama-cpp-python's
+``Llama`` methods come from the mixins of completions.py, chat.py, state.py and embeddings.py).
+
+The KV cache keeps the last prompt + completion: a call whose prompt shares a prefix with it evaluates only
+the rest. Calls from several threads take turns (serialize.py). A full context ends a generation with
+finish_reason "length" and ``context_full``; with ``context_shift=True`` it is shifted instead, as
+llama.cpp does: the first ``n_keep`` tokens stay, half of the rest is dropped, and the keys after the gap
+are re-rotated to their new positions.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from ggflow.api import arguments as A
+from ggflow.api.chat import ChatMixin
+from ggflow.api.completions import CompletionMixin
+from ggflow.api.embeddings import EmbeddingMixin, check_pooling_type
+from ggflow.api.logprobs import sequence_logprobs, token_logprob
+from ggflow.api.model_path import default_model_path
+from ggflow.api.records import FINISH_LENGTH, FINISH_STOP, Completion, Generation, Timings
+from ggflow.api.serialize import CallerLock
+from ggflow.api.state import StateMixin
+from ggflow.api.stop import StopMatcher
+from ggflow.api.tokens import TokensMixin
+from ggflow.core.batch import Batch
+from ggflow.errors import ArgumentError, ContextFullError, GGFlowError
+
+# llama-cpp-python Llama(...) options that change nothing here, accepted so a ported script runs as is
+IGNORED_LLAMA_OPTIONS = frozenset({"verbose", "logits_all", "embedding", "n_batch", "n_gpu_layers", "use_mmap",
+                                   "use_mlock", "n_threads_batch", "offload_kqv", "flash_attn", "last_n_tokens_size",
+                                   "numa"})
+
+
+class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
+    def __init__(self, model_path: str | None = None, *, backend: "str | Sequence[str]" = "auto",
+                 n_ctx: int | None = 2048, n_threads: int | None = None, n_ubatch: int = 512,
+                 seed: int | None = None, type_k: str = "F16", type_v: str = "F16", vocab_only: bool = False,
+                 context_shift: bool = False, n_keep: int = 0, pooling_type: "str | int | None" = None,
+                 **llama_cpp_options: Any):
+        from ggflow.core.vocab import Vocab
+
+        unknown = sorted(set(llama_cpp_options) - IGNORED_LLAMA_OPTIONS)
+        if unknown:
+            raise ArgumentError(unknown[0], llama_cpp_options[unknown[0]], "left out: LLM takes model_path, backend, "
+                                "n_ctx, n_threads, n_ubatch, seed, type_k, type_v, vocab_only, context_shift, n_keep, "
+                                "pooling_type")
+        if model_path is not None and not isinstance(model_path, str) and not hasattr(model_path, "__fspath__"):
+            raise ArgumentError("model_path", model_path, "a path to a GGUF file (or None for the default model)")
+        n_ctx = A.check_n_ctx(n_ctx)
+        n_ubatch = A.check_int("n_ubatch", n_ubatch, 1)
+        self.seed = A.check_seed(seed)
+        self.context_shift = A.check_bool("context_shift", context_shift)
+        self.n_keep = A.check_int("n_keep", n_keep, -1)
+        self.pooling_type = check_pooling_type(pooling_type)
+        if n_threads is not None:
+            A.check_int("n_threads", n_threads, 1)
+        self.model_path = os.fspath(model_path) if model_path is not None else default_model_path()
+        self.model = self.context = None
+        self._lock = CallerLock()
+        self._cached: list[int] = []   # tokens whose K/V sit in sequence 0 of the cache
+        self._reusable = 0             # how many of them a new prompt may reuse (a shift invalidates the rest)
+        self._template = None
+        if vocab_only:  # the tokenizer alone, as llama.cpp's vocab_only: no weights, no KV cache
+            self.vocab = Vocab.from_file(self.model_path)
+            return
+        from ggflow.api.memory_estimate import check_context_fits
+        from ggflow.core.context import Context
+        from ggflow.core.model import Model
+
+        self.model = Model.load(self.model_path)
+        self.vocab = self.model.vocab
+        hp = self.model.hparams
+        if self.context_shift and hp.n_rot == 0:
+            raise ArgumentError("context_shift", True, "False for this model: its keys have no RoPE, so cached "
+                                "keys cannot move to new positions")
+        size = n_ctx or min(hp.n_ctx_train, 4096)
+        check_context_fits(hp, size, n_ubatch, type_k, type_v)
+        self.context = Context(self.model, n_ctx=size, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
+                               backends=backend, n_threads=n_threads)
+
+    # -- sizes and special tokens (llama-cpp-python's names) ------------------------------------
+    @property
+    def n_ctx(self) -> "ContextSize":
+        """The context size: ``llm.n_ctx()`` as llama-cpp-python calls it, and ``llm.n_ctx`` (ggflow's older
+        property, which the CLI still reads) is the same number."""
+        return ContextSize(self._require_context().n_ctx)
+
+    def n_vocab(self) -> int:
+        return self.vocab.n_vocab
+
+    def n_embd(self) -> int:
+        if self.model is None:
+            raise GGFlowError("this LLM was loaded with vocab_only=True: it has no weights")
+        return self.model.hparams.n_embd
+
+    def token_bos(self) -> int:
+        return -1 if self.vocab.bos_id is None else int(self.vocab.bos_id)
+
+    def token_eos(self) -> int:
+        return -1 if self.vocab.eos_id is None else int(self.vocab.eos_id)
+
+    def _require_context(self):
+        if self.context is None:
+            raise GGFlowError("this LLM was loaded with vocab_only=True: it can tokenize, not generate")
+        return self.context
+
+    def reset(self) -> None:
+        """Forget the cached tokens: the next call evaluates its whole prompt."""
+        with self._lock.turn():
+            if self.context is not None:
+                self.context.memory.seq_rm(0, 0, -1)
+            self._cached, self._reusable = [], 0
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def eval_prompt(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Bring the cache to exactly `tokens`; return the last token's logits and how many were reused."""
+        tokens = A.check_token_ids(tokens, self.vocab.n_vocab, "tokens")
+        with self._lock.turn():
+            logits, reused = self._eval_prompt(tokens)
+            return logits[-1], reused
+
+    def _eval_prompt(self, tokens: list[int], all_logits: bool = False) -> tuple[np.ndarray, int]:
+        """The logits of the last token ([1, n_vocab]) or of every token, and how many tokens were reused."""
+        ctx = self._require_context()
+        if not tokens:
+            raise ArgumentError("prompt", tokens, "at least one token (an empty prompt has nothing to condition on)")
+        if len(tokens) > ctx.n_ctx:
+            raise ContextFullError(f"the prompt has {len(tokens)} tokens but the context holds {ctx.n_ctx}: "
+                                   f"shorten it or create the LLM with a larger n_ctx")
+        reuse = 0
+        if not all_logits:  # cached tokens kept no logits: a call that wants them all evaluates them all
+            for a, b in zip(self._cached[: self._reusable], tokens):
+                if a != b:
+                    break
+                reuse += 1
+            reuse = min(reuse, len(tokens) - 1)  # the last token is evaluated again to get its logits
+        ctx.memory.seq_rm(0, reuse, -1)
+        self._cached = self._cached[:reuse]
+        self._reusable = reuse
+        if ctx.decode(Batch.from_tokens(tokens[reuse:], pos0=reuse, all_logits=all_logits)) != 0:
+            raise ContextFullError("the KV cache is full")
+        self._cached, self._reusable = list(tokens), len(tokens)
+        return ctx.get_logits().copy(), reuse
+
+    def _step(self, token: int) -> tuple[np.ndarray | None, bool]:
+        """Evaluate one generated token: (its logits or None when the context is full, whether it shifted)."""
+        ctx = self._require_context()
+        shifted, whole = False, self._reusable == len(self._cached)
+        if len(self._cached) >= ctx.n_ctx:
+            if not self.context_shift:
+                return None, False
+            self._shift_context()
+            shifted = True
+        if ctx.decode(Batch.from_tokens([token], pos0=len(self._cached))) != 0:
+            return None, shifted
+        self._cached.append(token)
+        if whole and not shifted:
+            self._reusable += 1
+        return ctx.get_logits_ith(-1), shifted
+
+    def _shift_context(self) -> None:
+        """llama.cpp's context shift: keep n_keep tokens (and the BOS), drop half of the rest, move the tail back."""
+        memory, n_past = self.context.memory, len(self._cached)
+        n_keep = n_past if self.n_keep < 0 else min(self.n_keep, n_past)
+        if self._cached and self._cached[0] == self.vocab.bos_id and self.n_keep >= 0:
+            n_keep = min(n_keep + 1, n_past)  # always keep the BOS, as llama.cpp's main does
+        n_discard = (n_past - n_keep) // 2
+        if n_discard == 0:
+            raise ContextFullError(f"the context is full and n_keep={self.n_keep} leaves nothing to discard")
+        memory.seq_rm(0, n_keep, n_keep + n_discard)
+        memory.seq_add(0, n_keep + n_discard, n_past, -n_discard)
+        del self._cached[n_keep: n_keep + n_discard]
+        self._reusable = min(self._reusable, n_keep)  # the shifted tail attended to what is gone
+
+    def _hidden_states(self, tokens: list[int]) -> np.ndarray:
+        """The final hidden states [n_tokens, n_embd] of tokens evaluated alone from position 0 (the caller
+        holds the turn). The cached tokens are dropped: the cache then holds these."""
+        ctx = self._require_context()
+        ctx.memory.seq_rm(0, 0, -1)
+        self._cached, self._reusable = [], 0
+        ctx.set_embeddings(True)
+        try:
+            if ctx.decode(Batch.from_tokens(tokens, all_logits=True)) != 0:
+                raise ContextFullError("the KV cache is full")
+            return ctx.get_embeddings().copy()
+        finally:
+            ctx.set_embeddings(False)
+            ctx.memory.seq_rm(0, 0, -1)  # K/V of an embedding input are no prompt to continue
+
+    # -- generation --------------------------------------------------------------------------------
+    def generate(self, prompt: "str | Sequence[int]", max_tokens: int | None = 128, *,
+                 stop: "str | Sequence[str] | None" = (), stream: bool = False, sampling: Any = None,
+                 logits_processor: Any = None, add_special: bool = True, parse_special: bool = False,
+                 logprobs: int | None = None, prompt_logprobs: bool = False,
+                 stopping_criteria: Any = None, grammar: Any = None, json_schema: Any = None,
+                 response_format: Any = None, **sampling_options: Any) -> "Completion | Generation":
+        """Complete a prompt (text, or token ids). stream=True returns a Generation yielding text pieces.
+
+        max_tokens None or <= 0: until the end of text (or a full context). ``logprobs=N`` records each
+        generated token's log-probability and the N most likely alternatives (``Completion.logprobs``);
+        ``prompt_logprobs`` does the same for the prompt's tokens. ``logits_processor`` and
+        ``stopping_criteria`` take a callable or a list of them, as llama-cpp-python's do. ``grammar`` (GBNF, a
+        ggflow.structured.Grammar or a LlamaGrammar), ``json_schema`` or ``response_format`` (OpenAI's)
+        constrain the output (ggflow.structured; needs the grammar extra).
+        """
+        n_vocab = self.vocab.n_vocab
+        prompt = A.check_prompt(prompt, n_vocab)
+        max_tokens = A.check_max_tokens(max_tokens)
+        stops = A.check_stop(stop)
+        stream = A.check_bool("stream", stream)
+        n_top = A.check_logprobs(logprobs, n_vocab)
+        prompt_logprobs = A.check_bool("prompt_logprobs", prompt_logprobs)
+        params = A.sampling_params(sampling_options, n_vocab, sampling)
+        if params.seed is None and self.seed is not None:
+            params = _replace(params, seed=self.seed)
+        processors = _callables("logits_processor", logits_processor)
+        criteria = _callables("stopping_criteria", stopping_criteria)
+        self._require_context()
+        constraint = None
+        if grammar is not None or json_schema is not None or response_format is not None:
+            from ggflow.structured import grammar_from_request
+            constraint = grammar_from_request(grammar, json_schema, response_format)
+        tokens = (self.vocab.tokenize(prompt, add_special=add_special, parse_special=parse_special)
+                  if isinstance(prompt, str) else prompt)
+        chain = self._sampler_chain(params, processors)
+        run = _Run(tokens, max_tokens, stops, chain, n_top, prompt_logprobs, criteria, constraint)
+        generation = Generation(lambda g: self._serialized(run, g))
+        if stream:
+            return generation
+        for _ in generation:
+            pass
+        assert generation.result is not None
+        return generation.result
+
+    def generate_many(self, prompts: "Sequence[str | Sequence[int]]", max_tokens: int = 128, **options: Any
+                      ) -> list[Completion]:
+        """Complete many prompts, decoded together (ggflow.serving.batch.generate_many); results in order.
+        The batch uses sequences 1.. of this LLM's cache and holds the turn while it runs."""
+        from ggflow.serving.batch import generate_many
+
+        with self._lock.turn():
+            return generate_many(self, prompts, max_tokens, **options)
+
+    def _serialized(self, run: "_Run", generation: Generation) -> Iterator[str]:
+        with self._lock.turn(generation):
+            yield from self._generate(run, generation)
+
+    def _sampler_chain(self, params: Any, processors: list[Callable]):
+        from ggflow.core.sampling import LogitsProcessorSampler, build_chain
+
+        chain = build_chain(params, vocab_size=self.vocab.n_vocab, vocab=self.vocab)
+        for fn in reversed(processors):
+            chain.samplers.insert(0, LogitsProcessorSampler(fn))
+        return chain
+
+    def _generate(self, run: "_Run", generation: Generation) -> Iterator[str]:
+        prompt = run.prompt
+        t0 = time.perf_counter()
+        logits_all, reused = self._eval_prompt(prompt, all_logits=run.prompt_logprobs)
+        logits = logits_all[-1]
+        timings = Timings(prompt_n=len(prompt) - reused, cached_n=reused, prompt_ms=1e3 * (time.perf_counter() - t0))
+        prompt_lp = sequence_logprobs(logits_all, prompt, run.n_top or 0) if run.prompt_logprobs else None
+        for tok in prompt:  # repetition penalties look at the prompt too
+            run.chain.accept(tok)
+        if run.grammar is not None:  # after the prompt: prompt tokens are not grammar tokens
+            from ggflow.structured.sampler import GrammarSampler, constrain
+            constrain(run.chain, GrammarSampler(run.grammar, self.vocab))
+        decoder = self.vocab.stream_decoder()
+        stops = StopMatcher(run.stops)
+        out = generation.tokens
+        finish, context_full, shifts = FINISH_LENGTH, False, 0
+        limit = run.max_tokens
+        t1 = time.perf_counter()
+        while limit is None or len(out) < limit:
+            token = run.chain.sample(logits)
+            out.append(token)
+            if run.n_top is not None:
+                generation.logprobs.append(token_logprob(logits, token, run.n_top))
+            if self.vocab.is_eog(token):
+                finish = FINISH_STOP
+                break
+            piece, hit = stops.push(decoder.feed(token))
+            if piece:
+                yield piece
+            if hit or any(c(np.asarray(prompt + out, np.intc), logits) for c in run.criteria):
+                finish = FINISH_STOP
+                break
+            if limit is not None and len(out) == limit:
+                break
+            logits, shifted = self._step(token)
+            shifts += shifted
+            if logits is None:
+                context_full = True
+                break
+        if not stops.hit:  # release what the decoder and the stop matcher still hold
+            tail, _ = stops.push(decoder.flush(), final=True)
+            if tail:
+                yield tail
+        timings.predicted_n = len(out)
+        timings.predicted_ms = 1e3 * (time.perf_counter() - t1)
+        generation.result = Completion(stops.text, list(out), list(prompt), finish, timings, context_full, shifts,
+                                       list(generation.logprobs) if run.n_top is not None else None, prompt_lp)
+
+
+class ContextSize(int):
+    """An int that may also be called for itself, so both ``llm.n_ctx`` and ``llm.n_ctx()`` give the size."""
+
+    def __call__(self) -> int:
+        return int(self)
+
+
+@dataclass
+class _Run:
+    """One generation's checked arguments."""
+    prompt: list[int]
+    max_tokens: int | None          # None: no limit
+    stops: list[str]
+    chain: Any                      # the SamplerChain
+    n_top: int | None               # logprobs alternatives (None: no logprobs)
+    prompt_logprobs: bool
+    criteria: list[Callable]        # stopping criteria
+    grammar: Any = None             # a ggflow.structured.Grammar the output must follow
+
+
+def _replace(params: Any, **changes: Any) -> Any:
+    import dataclasses
+    return dataclasses.replace(params, **changes)
+
+
+def _callables(name: str, value: Any) -> list[Callable]:
+    """None, a callable, or a list of callables (llama-cpp-python's LogitsProcessorList is a list)."""
+    if value is None:
+        return []
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for i, fn in enumerate(items):
+        if not callable(fn):
+            raise ArgumentError(name if len(items) == 1 and not isinstance(value, (list, tuple)) else f"{name}[{i}]",
+                                fn, "a callable (input_ids, logits) -> ..., or a list of them")
+    return items
