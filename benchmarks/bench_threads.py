@@ -18,9 +18,12 @@ from pathlib import Path
 
 ENV_LIB = str(Path(sys.prefix) / "lib")
 
-# name -> environment overrides; "default" is what ggflow gets with nothing set.
+# name -> environment overrides; "default" is what ggflow gets with nothing set (passive, ggflow/_numba_setup.py).
+# "omp spin" is libgomp's own default (spin 300000 rounds, then sleep): a spin count of the user's keeps
+# ggflow from setting the policy, and 300000 is what libgomp uses when OMP_WAIT_POLICY is unset.
 SETTINGS: dict[str, dict[str, str]] = {
     "default": {},
+    "omp spin": {"NUMBA_THREADING_LAYER": "omp", "GOMP_SPINCOUNT": "300000"},
     "omp": {"NUMBA_THREADING_LAYER": "omp"},
     "omp passive": {"NUMBA_THREADING_LAYER": "omp", "OMP_WAIT_POLICY": "passive"},
     "omp active": {"NUMBA_THREADING_LAYER": "omp", "OMP_WAIT_POLICY": "active"},

@@ -22,6 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# Both engines get the caller's environment: importing ggflow here (for the default model's path) sets
+# OMP_WAIT_POLICY in os.environ, which llama-bench (libgomp too) would otherwise inherit.
+CALLER_ENV = dict(os.environ)
+
 
 @dataclass
 class Samples:
@@ -36,7 +40,7 @@ class Samples:
 def run_child(cmd: list[str]) -> tuple[int, str, str, float]:
     """Run cmd; return its exit code, stdout, stderr and peak RSS in MiB (the kernel's ru_maxrss of it)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=CALLER_ENV)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
