@@ -1,0 +1,146 @@
+"""ggflow against llama.cpp on the same GGUF files: llama-bench's pp/tg speeds and peak RSS, side by side.
+
+Both engines run interleaved (per round, per model, per thread count: one llama-bench, one ggflow bench, in
+alternating order), so drifting machine load hits both alike. A cell is the median of every repetition of
+every round; the ratio is ggflow / llama.cpp. Peak RSS: llama.cpp's is the child's maximum resident set as
+the kernel reports it at exit (wait4's rusage, the figure /usr/bin/time -v prints), ggflow's its own report.
+    LLAMA_BENCH=path/to/llama-bench python benchmarks/bench_vs_llamacpp.py [MODEL.gguf ...]
+        [--threads 1 2] [--rounds 3] [-r 3] [-p 64] [-n 32]
+With no model, the default one (ggflow.api.default_model_path()).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# Both engines get the caller's environment: importing ggflow here (for the default model's path) sets
+# OMP_WAIT_POLICY in os.environ, which llama-bench (libgomp too) would otherwise inherit.
+CALLER_ENV = dict(os.environ)
+
+
+@dataclass
+class Samples:
+    """Every measured repetition of one engine on one (model, threads) cell, over all rounds."""
+
+    pp: list[float] = field(default_factory=list)
+    tg: list[float] = field(default_factory=list)
+    rss_mib: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def run_child(cmd: list[str]) -> tuple[int, str, str, float]:
+    """Run cmd; return its exit code, stdout, stderr and peak RSS in MiB (the kernel's ru_maxrss of it)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=CALLER_ENV)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read(), err.read(), usage.ru_maxrss / 1024
+
+
+def bench_llamacpp(binary: str, model: str, args: argparse.Namespace, threads: int, into: Samples) -> None:
+    cmd = [binary, "-m", model, "-p", str(args.n_prompt), "-n", str(args.n_gen), "-t", str(threads),
+           "-r", str(args.repetitions), "-o", "json"]
+    rc, out, err, rss = run_child(cmd)
+    if rc != 0:
+        into.errors.append(f"llama-bench exit {rc}: {err.strip().splitlines()[-1:] or ''}")
+        return
+    for test in json.loads(out):
+        speeds = test["samples_ts"]
+        (into.pp if test["n_prompt"] > 0 else into.tg).extend(speeds)
+    into.rss_mib.append(rss)
+
+
+def bench_ggflow(model: str, args: argparse.Namespace, threads: int, into: Samples) -> None:
+    cmd = [sys.executable, "-m", "ggflow.cli", "bench", "-m", model, "-p", str(args.n_prompt),
+           "-n", str(args.n_gen), "-t", str(threads), "-r", str(args.repetitions), "--json"]
+    rc, out, err, _ = run_child(cmd)
+    if rc != 0:
+        into.errors.append(f"ggflow bench exit {rc}: {err.strip().splitlines()[-1:] or ''}")
+        return
+    report = json.loads(out)
+    for result in report["results"]:
+        (into.pp if result["test"].startswith("pp") else into.tg).extend(result["runs"])
+    into.rss_mib.append(report["peak_rss_mb"])
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def ratio(ours: float | None, theirs: float | None) -> str:
+    return "n/a" if ours is None or not theirs else f"{ours / theirs:.2f}"
+
+
+def table(cells: dict[tuple[str, int], tuple[Samples, Samples]], args: argparse.Namespace) -> str:
+    pp, tg = f"pp{args.n_prompt}", f"tg{args.n_gen}"
+    lines = [f"| model | threads | llama.cpp {pp} | ggflow {pp} | ratio | llama.cpp {tg} | ggflow {tg} | ratio "
+             f"| peak RSS MiB llama.cpp / ggflow |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (model, threads), (theirs, ours) in cells.items():
+        l_pp, g_pp, l_tg, g_tg = median(theirs.pp), median(ours.pp), median(theirs.tg), median(ours.tg)
+        rss = f"{fmt(median(theirs.rss_mib), 0)} / {fmt(median(ours.rss_mib), 0)}"
+        lines.append(f"| {Path(model).name} | {threads} | {fmt(l_pp)} | {fmt(g_pp)} | {ratio(g_pp, l_pp)} "
+                     f"| {fmt(l_tg)} | {fmt(g_tg)} | {ratio(g_tg, l_tg)} | {rss} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("models", nargs="*", help="GGUF files (default: ggflow's default model)")
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"),
+                    help="path of llama.cpp's llama-bench (default: $LLAMA_BENCH)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over all cells")
+    ap.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per engine per round")
+    ap.add_argument("-p", "--n-prompt", type=int, default=64)
+    ap.add_argument("-n", "--n-gen", type=int, default=32)
+    args = ap.parse_args(argv)
+    if not args.llama_bench:
+        ap.error("no llama-bench: pass --llama-bench PATH or set LLAMA_BENCH")
+    if not os.access(args.llama_bench, os.X_OK):
+        ap.error(f"llama-bench {args.llama_bench!r} is not an executable file")
+    for model in args.models:
+        if not Path(model).is_file():
+            ap.error(f"model {model!r} is not a file")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if not args.models:
+        from ggflow.api import default_model_path
+        args.models = [default_model_path()]
+    cells = {(model, t): (Samples(), Samples()) for model in args.models for t in args.threads}
+    for round_no in range(args.rounds):
+        for (model, threads), (theirs, ours) in cells.items():
+            # Alternate which engine goes first, so neither always runs after the other's warm caches.
+            runs = [lambda: bench_llamacpp(args.llama_bench, model, args, threads, theirs),
+                    lambda: bench_ggflow(model, args, threads, ours)]
+            for run in runs if round_no % 2 == 0 else runs[::-1]:
+                run()
+            print(f"round {round_no + 1}/{args.rounds}: {Path(model).name} -t {threads} done, load average "
+                  f"{os.getloadavg()[0]:.2f}", file=sys.stderr)
+    print(table(cells, args))
+    for (model, threads), (theirs, ours) in cells.items():
+        for engine, samples in (("llama.cpp", theirs), ("ggflow", ours)):
+            for error in samples.errors:
+                print(f"{Path(model).name} -t {threads} {engine}: {error}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
