@@ -6,6 +6,7 @@ events from an asyncio queue the engine thread feeds through ``loop.call_soon_th
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import math
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
 from fastapi import Depends, FastAPI, Request as HTTPRequest
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
@@ -23,7 +25,9 @@ from ggflow.errors import GGFlowError
 from ggflow.structured.chat_tools import ToolCalling
 from ggflow.serving.chat import chat_prompt_tokens
 from ggflow.serving.engine import Engine
-from ggflow.serving.openai_params import ChatCompletionBody, CompletionBody, DetokenizeBody, TokenizeBody
+from ggflow.serving.embeddings import embed_tokens
+from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, DetokenizeBody, EmbeddingBody,
+                                          TokenizeBody)
 from ggflow.serving.prometheus import metrics_text
 from ggflow.serving.generation import generate
 from ggflow.serving.limits import BodyLimits, BodyTimeoutError, BodyTooLargeError, ServerLimits
@@ -144,6 +148,20 @@ def create_app(state: ServerState) -> FastAPI:
         body = _capped(body, COMPLETION_DEFAULT_MAX_TOKENS, state.limits)
         return await generate(http, engine, body, tokens, ResponseIds(False, state.model_name),
                               COMPLETION_DEFAULT_MAX_TOKENS, grammar=body.constraint())
+
+    @app.post("/v1/embeddings")
+    @app.post("/embeddings")
+    async def embeddings(http: HTTPRequest):
+        body = await _parse(http, EmbeddingBody)
+        engine = state.ready()
+        token_lists = body.token_lists(engine.vocab, engine.n_ctx)
+        vectors = await asyncio.wrap_future(engine.call_soon(lambda: embed_tokens(engine, token_lists)))
+        n = sum(len(t) for t in token_lists)
+        if body.encoding_format == "base64":   # what the openai client asks for: little-endian float32 bytes
+            vectors = [base64.b64encode(np.asarray(v, "<f4").tobytes()).decode() for v in vectors]
+        return {"object": "list", "model": state.model_name,
+                "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vectors)],
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")

@@ -119,5 +119,37 @@ class TokenizeBody(_Strict):
     parse_special: bool = True
 
 
+class EmbeddingBody(_Strict):
+    input: Union[str, list[str], list[int], list[list[int]]]
+    model: str | None = None
+    encoding_format: str = "float"
+
+    def token_lists(self, vocab: Any, n_ctx: int) -> list[list[int]]:
+        """Each input as token ids (text is tokenized with BOS), checked against the vocabulary and context."""
+        if self.encoding_format not in ("float", "base64"):
+            raise GGFlowError(f"encoding_format must be float or base64, got {self.encoding_format!r}")
+        raw = self.input
+        if isinstance(raw, str):
+            items: list = [raw]
+        elif raw and all(isinstance(t, int) for t in raw):
+            items = [raw]            # one input given as token ids
+        else:
+            items = list(raw)
+        if not items:
+            raise GGFlowError("input is empty: give a string, a list of strings, or token ids")
+        lists = []
+        for i, item in enumerate(items):
+            tokens = vocab.tokenize(item) if isinstance(item, str) else list(item)
+            if not tokens:
+                raise GGFlowError(f"input[{i}] has no tokens")
+            if len(tokens) > n_ctx:
+                raise GGFlowError(f"input[{i}] has {len(tokens)} tokens but the context holds {n_ctx}")
+            bad = [t for t in tokens if not 0 <= t < vocab.n_vocab]
+            if bad:
+                raise GGFlowError(f"token id {bad[0]} in input[{i}] is outside the vocabulary [0, {vocab.n_vocab})")
+            lists.append(tokens)
+        return lists
+
+
 class DetokenizeBody(_Strict):
     tokens: list[int]
