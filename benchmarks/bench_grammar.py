@@ -55,7 +55,7 @@ def main() -> None:
     for _ in range(args.r + 1):                       # the first round warms up
         for kind in rates:
             llm.reset()
-            kw = {"grammar": grammar} if kind == "json_schema" else {"ignore_eos": True}
+            kw = {"grammar": grammar} if kind == "json_schema" else {}
             out = llm.generate(PROMPT, max_tokens=args.n, temperature=0, **kw)
             rates[kind].append(out.timings.predicted_per_second)
             if kind == "json_schema":
