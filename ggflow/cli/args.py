@@ -65,13 +65,3 @@ def model_file(path: str) -> str:
     return existing_file(path, "-m/--model")
 
 
-def available_memory() -> int:
-    """Bytes the system can still give this process (MemAvailable), or all of RAM where that is unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

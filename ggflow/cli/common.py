@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ggflow.cli.args import UsageError, available_memory, int_at_least, model_file
+from ggflow.cli.args import UsageError, int_at_least, model_file
 
 KV_TYPES = ("F16", "F32")
 
@@ -69,7 +69,7 @@ def context_size(path: str, requested: int, type_k: str, type_v: str) -> int:
     here, in one line, rather than as a MemoryError from numpy."""
     from ggflow.core.gguf_file import GGUFFile
     from ggflow.core.model import Metadata
-    from ggflow.core.types import type_traits
+    from ggflow.api.memory_estimate import available_memory, estimate_context_memory
     from ggflow.plugins.manager import get_plugin_manager
 
     # The header alone (no tensor table, no merges): cheap next to the load that follows.
@@ -77,10 +77,9 @@ def context_size(path: str, requested: int, type_k: str, type_v: str) -> int:
     meta = Metadata(fields, path)
     hp = get_plugin_manager().architectures.get(meta.arch).load_hparams(meta)
     n_ctx = requested or hp.n_ctx_train
-    per_token = hp.n_layer * (type_traits(type_k).row_bytes(hp.n_embd_k_gqa)
-                              + type_traits(type_v).row_bytes(hp.n_embd_v_gqa))
+    per_token = estimate_context_memory(hp, 1, 1, type_k, type_v).kv_bytes   # the KV cache grows with n_ctx
     free = available_memory()
-    if n_ctx * per_token > free:
+    if free is not None and n_ctx * per_token > free:
         raise UsageError(f"-c/--ctx-size {requested}: a KV cache of {n_ctx} tokens needs "
                          f"{n_ctx * per_token / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB of memory "
                          f"available; accepted: 0 (the training context, {hp.n_ctx_train}) "
