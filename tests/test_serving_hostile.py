@@ -22,10 +22,10 @@ hypothesis = pytest.importorskip("hypothesis", reason="the hostile bodies are dr
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 from ggflow.api import default_model_path  # noqa: E402
-from ggflow.serving.app import ServerState, create_app  # noqa: E402
+from ggflow.serving.app import ServerState  # noqa: E402
 from ggflow.serving.engine import Engine  # noqa: E402
 from ggflow.serving.limits import ServerLimits  # noqa: E402
-from tests.test_serving_http import free_port  # noqa: E402
+from tests.test_serving_http import serving  # noqa: E402
 
 CAP = 8
 BODY_TIMEOUT_S = 1.5
@@ -40,21 +40,8 @@ def server():
     engine = Engine.load(default_model_path(), n_ctx=512, n_slots=2, n_threads=1)
     engine.start()
     limits = ServerLimits(body_timeout_s=BODY_TIMEOUT_S, max_tokens_cap=CAP)
-    state = ServerState(model_name="smollm2", engine=engine, limits=limits)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        srv.should_exit = True
-        thread.join(30)
-        engine.stop(drain=False, timeout=30)
+    with serving(ServerState(model_name="smollm2", engine=engine, limits=limits)) as url:
+        yield url
 
 
 def stream_text(base: str, prompt: str = BYSTANDER_PROMPT) -> str:

@@ -4,6 +4,7 @@ Every request loop here is bounded in count and time, and the server is always s
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -41,11 +42,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
-    engine = Engine.load(default_model_path(), n_ctx=1024, n_slots=4, n_threads=1)
-    engine.start()
-    state = ServerState(model_name="smollm2", api_key=API_KEY, engine=engine)
+@contextlib.contextmanager
+def serving(state: ServerState):
+    """uvicorn on 127.0.0.1 at a free port in a thread, serving ``state``'s engine; stopped (engine too) after."""
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -55,12 +54,20 @@ def server():
         assert time.monotonic() < deadline, "the server did not start"
         time.sleep(0.05)
     try:
-        SERVED["engine"] = engine
         yield f"http://127.0.0.1:{port}"
     finally:
         srv.should_exit = True
         thread.join(30)
-        engine.stop(drain=False, timeout=30)
+        state.engine.stop(drain=False, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = Engine.load(default_model_path(), n_ctx=1024, n_slots=4, n_threads=1)
+    engine.start()
+    SERVED["engine"] = engine
+    with serving(ServerState(model_name="smollm2", api_key=API_KEY, engine=engine)) as url:
+        yield url
 
 
 @pytest.fixture()
