@@ -1,6 +1,7 @@
-"""Faults leave nothing half-done: a backend that fails in the k-th graph compute makes ``decode`` raise a
+"""Faults leave nothing half-done. A backend that fails in the k-th graph compute makes ``decode`` raise a
 BackendError, the KV cache and the LLM's cached tokens stay as they were, and the next generation equals a
-fresh LLM's token for token (llama.cpp's contract: a failed ubatch's positions are removed)."""
+fresh LLM's token for token (llama.cpp's contract: a failed ubatch's positions are removed); a fault while
+packing weights leaves no memory map behind."""
 from __future__ import annotations
 
 import gc
