@@ -68,11 +68,12 @@ class ChatMixin:
                                  repeat_penalty, top_k, seed, tfs_z, mirostat_mode, mirostat_tau, mirostat_eta,
                                  logit_bias, grammar, sampling_options)
         calling = self.tool_calling(tools, tool_choice, parallel_tool_calls)
-        if calling is not None and calling.grammar() is not None:
+        tool_grammar = calling.grammar() if calling is not None else None
+        if tool_grammar is not None:
             if options.get("grammar") is not None or response_format is not None:
                 raise ArgumentError("tools", "with grammar or response_format",
                                     "tools alone: tool_choice required/a function constrains the reply itself")
-            options["grammar"] = calling.grammar()
+            options["grammar"] = tool_grammar
         tokens = self.chat_prompt_tokens(messages, tools, tool_choice, calling)
         gen = self.generate(tokens, max_tokens, stop=stop, stream=True, logprobs=n_top,
                             logits_processor=array_callables(logits_processor), response_format=response_format,

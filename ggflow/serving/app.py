@@ -173,9 +173,10 @@ def create_app(state: ServerState) -> FastAPI:
         grammar = body.constraint()
         messages = body.messages
         if tools is not None:
-            if grammar is not None and tools.grammar() is not None:
+            tool_grammar = tools.grammar()
+            if grammar is not None and tool_grammar is not None:
                 raise GGFlowError("a request with tools cannot also set grammar, json_schema or response_format")
-            grammar = grammar or tools.grammar()
+            grammar = grammar or tool_grammar
             messages = tools.messages(messages)
         tokens = chat_prompt_tokens(template, engine.vocab, messages, tools=body.tools)
         body = _capped(body, engine.n_ctx, state.limits)
