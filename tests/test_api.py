@@ -9,14 +9,8 @@ import pytest
 
 from ggflow.api import LLM, StopMatcher, default_model_path
 from ggflow.errors import GGFlowError
+from tests.fixtures.default_model import MISSING, needs_model
 
-try:
-    default_model_path()
-    MISSING = None
-except GGFlowError as exc:
-    MISSING = str(exc)
-
-needs_model = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
 @pytest.fixture(scope="module")

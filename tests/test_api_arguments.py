@@ -9,15 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ggflow.api import LLM, arguments as A, default_model_path
+from ggflow.api import LLM, arguments as A
 from ggflow.api.memory_estimate import check_context_fits, estimate_context_memory
 from ggflow.errors import ArgumentError, ContextMemoryError, GGFlowError
-
-try:
-    default_model_path()
-    MISSING = None
-except GGFlowError as exc:
-    MISSING = str(exc)
+from tests.fixtures.default_model import MISSING
 
 N_VOCAB = 49152
 

@@ -13,17 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ggflow.api import default_model_path
 from ggflow.cli import main
-from ggflow.errors import GGFlowError
+from tests.fixtures.default_model import needs_model
 
 REPO = Path(__file__).resolve().parents[1]
-try:
-    default_model_path()
-    MISSING = None
-except GGFlowError as exc:
-    MISSING = str(exc)
-needs_model = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
 def one_line_error(capsys) -> str:

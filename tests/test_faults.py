@@ -10,13 +10,8 @@ import os
 import pytest
 
 from ggflow.api import LLM, default_model_path
-from ggflow.errors import BackendError, GGFlowError
-
-try:
-    default_model_path()
-    MISSING = None
-except GGFlowError as exc:
-    MISSING = str(exc)
+from ggflow.errors import BackendError
+from tests.fixtures.default_model import MISSING
 
 PROMPT = "The three primary colors are"
 

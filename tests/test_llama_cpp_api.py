@@ -9,12 +9,7 @@ import pytest
 
 from ggflow.api import LLM, default_model_path
 from ggflow.errors import GGFlowError
-
-try:
-    default_model_path()
-    MISSING = None
-except GGFlowError as exc:
-    MISSING = str(exc)
+from tests.fixtures.default_model import MISSING
 
 
 @pytest.fixture(scope="module")

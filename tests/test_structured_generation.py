@@ -13,15 +13,10 @@ import pytest
 pytest.importorskip("llguidance", reason="structured output needs llguidance (pip install 'ggflow[grammar]')")
 jsonschema = pytest.importorskip("jsonschema", reason="the independent schema validator")
 
-from ggflow.api import LLM, default_model_path
-from ggflow.errors import GGFlowError, GrammarError
+from ggflow.api import LLM
+from ggflow.errors import GrammarError
 from ggflow.structured import Grammar, GrammarSampler
-
-try:
-    default_model_path()
-    MISSING = None
-except GGFlowError as exc:
-    MISSING = str(exc)
+from tests.fixtures.default_model import MISSING
 
 # llama.cpp's grammars: .ci/run unpacks them from the llama-cpp-python sdist (never committed here)
 GRAMMARS = Path(os.environ.get("GGFLOW_LLAMACPP_GRAMMARS",
