@@ -9,6 +9,10 @@ tensor gets the type llama-quantize gives it (without an importance matrix or ov
 
 Rules that count layers (``i_attention_wv``, ``i_ffn_down``) count in llama.cpp's processing order,
 tensors sorted by layer number then name, so the choice does not depend on the input file's order.
+
+Besides the mixes, TYPE may name a tensor type (a plugin's too, overrides.writable_types): every
+quantizable tensor gets that type, with no promotions, as in a --pure mix. The user's per-tensor
+overrides (overrides.py) come before the rules, in llama_tensor_get_type's order.
 """
 from __future__ import annotations
 
@@ -17,15 +21,19 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable, Sequence
 
+import gguf
+
 from ggflow.core.types import type_traits
-from ggflow.errors import ModelLoadError, UnknownNameError
+from ggflow.errors import ModelLoadError, QuantizationError, UnknownNameError
+from ggflow.quantize_model.overrides import NO_OVERRIDES, TypeOverrides, find_writable_type, writable_types
 
 
 @dataclass(frozen=True)
 class Mix:
-    name: str        # as llama-quantize names it
-    ftype: int       # llama_ftype: written to general.file_type
-    base_type: str   # the tensor type of every quantizable tensor before promotions
+    name: str          # as llama-quantize names it
+    ftype: int | None  # llama_ftype: written to general.file_type (None: llama.cpp has none for it)
+    base_type: str     # the tensor type of every quantizable tensor before promotions
+    rules: bool = True  # False for a plain tensor type: no promotions, as if --pure
 
 
 # In llama-quantize's listing order.
@@ -42,7 +50,8 @@ ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}  # llama-quanti
 
 
 def find_mix(name: str) -> Mix:
-    """A mix by llama.cpp's name (any case, aliases too) or its file-type number."""
+    """A mix by llama.cpp's name (any case, aliases too) or its file-type number, else a plain
+    tensor type that has a quantizer (a built-in or a plugin's)."""
     key = str(name).strip().upper()
     key = ALIASES.get(key, key)
     if key in MIXES:
@@ -51,16 +60,28 @@ def find_mix(name: str) -> Mix:
         for mix in MIXES.values():
             if mix.ftype == int(key):
                 return mix
+    type_name = find_writable_type(key)
+    if type_name is not None:
+        return Mix(type_name, _llama_ftype(type_name), type_name, rules=False)
     raise UnknownMixError(str(name))
 
 
+def _llama_ftype(type_name: str) -> int | None:
+    """llama.cpp's LLAMA_FTYPE_MOSTLY_<TYPE> where it has one (IQ4_NL: 25, TQ2_0: 37), per gguf-py's copy."""
+    ftype = getattr(gguf.LlamaFileType, f"MOSTLY_{type_name}", None)
+    return None if ftype is None else int(ftype)
+
+
 class UnknownMixError(UnknownNameError):
-    """A TYPE that is not one of the mixes; the message lists them in llama-quantize's order."""
+    """A TYPE that is neither a mix nor a writable tensor type; the message lists the mixes in
+    llama-quantize's order, then the types."""
 
     def __init__(self, name: str):
-        super().__init__("quantization type", name, list(MIXES) + list(ALIASES))
+        types = writable_types()
+        super().__init__("quantization type", name, list(MIXES) + list(ALIASES) + types)
         aliases = ", ".join(f"{a} ({m})" for a, m in ALIASES.items())
-        self.args = (f"unknown quantization type {name!r}; valid types: {', '.join(MIXES)}; aliases: {aliases}",)
+        self.args = (f"unknown quantization type {name!r}; valid mixes: {', '.join(MIXES)}; aliases: {aliases}; "
+                     f"or a tensor type, every quantizable tensor in it: {', '.join(types)}",)
 
 
 # -- what the rules need to know about the model -------------------------------------------------
@@ -200,7 +221,9 @@ def _layer_of(counter: int, name: str, facts: ModelFacts) -> int:
     return int(m.group(1))
 
 
-def _output_type(base: str, t: TensorDesc, facts: ModelFacts) -> str:
+def _output_type(base: str, t: TensorDesc, facts: ModelFacts, override: str | None) -> str:
+    if override is not None:  # --output-tensor-type reaches tied embeddings here (still with the fallback)
+        return override
     if facts.arch == "falcon" or t.ne[0] % _block_size(base):
         return "Q8_0"
     return base if base == "Q8_0" else "Q6_K"
@@ -255,13 +278,13 @@ def _attn_output_type(new: str, mix: Mix, facts: ModelFacts) -> str:
     return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(mix.name, new)
 
 
-def _mix_type(t: TensorDesc, mix: Mix, facts: ModelFacts, st: _Counters) -> str:
-    """llama_tensor_get_type_impl for the mixes ggflow offers (no importance matrix, no overrides)."""
+def _mix_type(t: TensorDesc, mix: Mix, facts: ModelFacts, st: _Counters, output_override: str | None) -> str:
+    """llama_tensor_get_type_impl for the mixes ggflow offers (no importance matrix)."""
     new, cat = mix.base_type, category(t.name)
     if facts.arch == "glm5-next" and any(p in t.name for p in ("attn_q_a", "attn_q_b", "nextn.eh_proj")):
         return "Q8_0"
     if cat is Category.OUTPUT or (st.tied_embeddings and cat is Category.TOKEN_EMBD):
-        return _output_type(new, t, facts)
+        return _output_type(new, t, facts, output_override)
     if cat in _V_LIKE:
         new = _attn_v_type(new, mix, facts, st)
         st.i_attention_wv += 1
@@ -275,11 +298,32 @@ def _mix_type(t: TensorDesc, mix: Mix, facts: ModelFacts, st: _Counters) -> str:
     return new
 
 
+# llama.cpp's tensor_type_fallback: each 256-block type steps down to a 32-block type.
+_SMALLER_BLOCK = {
+    "IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL",
+    "IQ3_XXS": "IQ4_NL", "IQ3_S": "IQ4_NL", "IQ4_XS": "IQ4_NL",
+    "Q2_0": "Q4_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0", "TQ1_0": "Q4_0", "TQ2_0": "Q4_0",
+    "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0",
+}
+
+
 def fallback_type(ncols: int, wanted: str) -> str:
-    """A type whose blocks fit a row of ncols, for a quantized type whose blocks don't (else `wanted`)."""
-    if ncols % _block_size(wanted) == 0:
+    """A type whose blocks fit a row of ncols, for a type whose blocks don't (else `wanted`).
+
+    As llama.cpp: a type of its table steps down to a 32-block type; a type of 32 or fewer elements
+    per block has no smaller one; if the row still doesn't fit, F16. Any other type (a plugin's with
+    larger blocks) has no fallback: QuantizationError.
+    """
+    block = _block_size(wanted)
+    if ncols % block == 0:
         return wanted
-    smaller = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(wanted, wanted)
+    smaller = _SMALLER_BLOCK.get(wanted, wanted if block <= 32 else None)
+    if smaller is None:
+        raise QuantizationError(f"rows of {ncols} elements are not a multiple of {wanted}'s block of {block}, "
+                                f"and llama.cpp defines no fallback for {wanted}")
+    if find_writable_type(smaller) is None:
+        raise QuantizationError(f"rows of {ncols} elements are not a multiple of {wanted}'s block of {block}; "
+                                f"llama.cpp falls back to {smaller}, which no plugin registers with a quantizer")
     return smaller if ncols % _block_size(smaller) == 0 else "F16"
 
 
@@ -291,20 +335,54 @@ def _processing_order(tensors: Sequence[TensorDesc]) -> list[TensorDesc]:
     return sorted(tensors, key=key)
 
 
-def choose_types(tensors: Iterable[TensorDesc], mix: Mix, facts: ModelFacts,
-                 pure: bool = False) -> dict[str, TypeChoice]:
-    """name -> the output type of every tensor. pure: every quantizable tensor in the base type."""
+def choose_types(tensors: Iterable[TensorDesc], mix: Mix, facts: ModelFacts, pure: bool = False,
+                 overrides: TypeOverrides = NO_OVERRIDES) -> dict[str, TypeChoice]:
+    """name -> the output type of every tensor. pure: every quantizable tensor in the base type.
+
+    llama_tensor_get_type's order: tensors that aren't quantized keep their type; then
+    --token-embedding-type and --output-tensor-type, as given; then the first --tensor-type
+    pattern that matches, or else the mix's rules (unless pure); then the row-length fallback.
+    """
     tensors = list(tensors)
     st = _Counters(tensors, facts)
-    base_is_quantized = type_traits(mix.base_type).is_quantized
+    rules = mix.rules and not pure and type_traits(mix.base_type).is_quantized
     choices: dict[str, TypeChoice] = {}
     for t in _processing_order(tensors):
         if not allows_quantization(t, facts.arch):
             choices[t.name] = TypeChoice(t.name, t.type_name, None)
-        elif not base_is_quantized:
-            choices[t.name] = TypeChoice(t.name, mix.base_type, None)
-        else:
-            wanted = mix.base_type if pure else _mix_type(t, mix, facts, st)
+            continue
+        direct = _direct_override(t, overrides)
+        if direct is not None:
+            choices[t.name] = TypeChoice(t.name, _fitting(t, *direct), None)
+            continue
+        wanted = overrides.tensor_type_for(t.name)
+        if wanted is None:
+            wanted = _mix_type(t, mix, facts, st, overrides.output_type) if rules else mix.base_type
+        try:
             final = fallback_type(t.ne[0], wanted)
-            choices[t.name] = TypeChoice(t.name, final, wanted if final != wanted else None)
+        except QuantizationError as exc:
+            raise QuantizationError(f"tensor {t.name!r}: {exc}; give it another type with --tensor-type") from None
+        choices[t.name] = TypeChoice(t.name, final, wanted if final != wanted else None)
     return choices
+
+
+def _direct_override(t: TensorDesc, overrides: TypeOverrides) -> tuple[str, str] | None:
+    """(type, option) where --token-embedding-type or --output-tensor-type types t outright."""
+    cat = category(t.name)
+    if overrides.token_embedding_type and cat is Category.TOKEN_EMBD:
+        # per_layer_token_embd is a large table of its own: a --tensor-type pattern that names it wins
+        if not (t.name == "per_layer_token_embd.weight" and overrides.tensor_type_for(t.name)):
+            return overrides.token_embedding_type, "token_embedding_type"
+    if overrides.output_type and cat is Category.OUTPUT:
+        return overrides.output_type, "output_tensor_type"
+    return None
+
+
+def _fitting(t: TensorDesc, type_name: str, option: str) -> str:
+    """llama.cpp applies these two options without its fallback: a row that doesn't fit is an error."""
+    block = _block_size(type_name)
+    if t.ne[0] % block:
+        raise QuantizationError(f"{option}={type_name}: tensor {t.name!r} has rows of {t.ne[0]} elements, not a "
+                                f"multiple of {type_name}'s block of {block}; choose a type whose block divides "
+                                f"{t.ne[0]}")
+    return type_name

@@ -13,31 +13,40 @@ import gguf
 from ggflow.errors import GGFlowError
 from ggflow.quantize_model.convert import InputData, convert_rows
 from ggflow.quantize_model.mixes import Mix, find_mix
+from ggflow.quantize_model.overrides import TensorTypes, make_overrides
 from ggflow.quantize_model.plan import Planned, model_facts, open_input, plan
 from ggflow.quantize_model.report import QuantizeReport, TensorResult
 from ggflow.quantize_model.writer import GGUFOutput, metadata_entries
 
 
 def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftype: str, pure: bool = False,
-                   progress: bool = True) -> QuantizeReport:
-    """Write in_path's model to out_path in the llama.cpp mix `ftype` ("Q4_K_M", "Q8_0", "F16", ...).
+                   progress: bool = True, *, tensor_types: TensorTypes | None = None,
+                   output_tensor_type: str | None = None, token_embedding_type: str | None = None) -> QuantizeReport:
+    """Write in_path's model to out_path in the llama.cpp mix `ftype` ("Q4_K_M", "Q8_0", "F16", ...),
+    or with every quantizable tensor in the tensor type `ftype` names (any registered type with a
+    quantizer, a plugin's too: "Q6_K", "IQ4_NL", ...).
 
     pure: every quantizable tensor in the mix's base type (no promotions; a row that doesn't fit the
-    block still falls back). Raises UnknownNameError for an unknown mix, ModelLoadError for an input
-    that is missing or not a readable GGUF file, QuantizationError for a tensor that can't be converted.
+    block still falls back). As llama-quantize's options: tensor_types {PATTERN: TYPE} (or
+    'PATTERN=TYPE' strings): the first regex found in a tensor's name gives it TYPE
+    (--tensor-type); output_tensor_type and token_embedding_type type output.weight and
+    token_embd.weight. Raises UnknownNameError for an unknown mix or type, ArgumentError for a
+    malformed PATTERN=TYPE or a bad regex, ModelLoadError for an input that is missing or not a
+    readable GGUF file, QuantizationError for a tensor that can't be converted.
     """
     start = time.perf_counter()
     mix = find_mix(ftype)
+    overrides = make_overrides(tensor_types, output_tensor_type, token_embedding_type)
     in_path, out_path = str(in_path), Path(out_path)
     src = open_input(in_path)
-    planned = plan(src, mix, model_facts(src), pure)
+    planned = plan(src, mix, model_facts(src), pure, overrides)
     _check_output_path(in_path, out_path)
     report = QuantizeReport(in_path, str(out_path), mix.name, mix.ftype, pure, in_size=src.size)
     tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
     out = GGUFOutput(str(tmp), src.alignment)  # opens no file until its header is written
     try:
         out.write_header(metadata_entries(src, mix.ftype),
-                         [(p.desc.name, p.desc.ne, _type_id(p.choice.type_name), p.out_bytes) for p in planned])
+                         [(p.desc.name, p.desc.ne, _type_id(p), p.out_bytes) for p in planned])
         report.tensors = _write_tensors(out, in_path, planned, mix, progress)
         out.close()
         _fsync(tmp)
@@ -51,8 +60,10 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     return report
 
 
-def _type_id(type_name: str) -> int:
-    return int(gguf.GGMLQuantizationType[type_name])
+def _type_id(p: Planned) -> int:
+    # A converted tensor's type is registered (a plugin's id may be one gguf-py doesn't know); a copied
+    # one keeps the input's id, which gguf-py named.
+    return p.out_traits.type_id if p.converts else int(gguf.GGMLQuantizationType[p.desc.type_name])
 
 
 def _check_output_path(in_path: str, out_path: Path) -> None:

@@ -13,6 +13,7 @@ from ggflow.core.gguf_file import GGUFFile
 from ggflow.core.types import TypeTraits, type_traits
 from ggflow.errors import GGFlowError, ModelLoadError, QuantizationError
 from ggflow.quantize_model.mixes import Mix, ModelFacts, TensorDesc, TypeChoice, choose_types
+from ggflow.quantize_model.overrides import NO_OVERRIDES, TypeOverrides
 
 # The per-architecture hyperparameters the mixes' rules read.
 _FACT_KEYS = (".block_count", ".attention.head_count", ".attention.head_count_kv", ".expert_count")
@@ -77,13 +78,14 @@ def _first(value: Any) -> int:
     return int(flat[0]) if flat.size else 0
 
 
-def plan(file: GGUFFile, mix: Mix, facts: ModelFacts, pure: bool) -> list[Planned]:
+def plan(file: GGUFFile, mix: Mix, facts: ModelFacts, pure: bool,
+         overrides: TypeOverrides = NO_OVERRIDES) -> list[Planned]:
     descs, spans = [], []
     for t in file.tensors:
         type_name = _type_name(file, t.name, t.type_id)
         descs.append(TensorDesc(t.name, t.ne, type_name))
         spans.append((t.offset, _n_bytes(file, t.name, t.ne, type_name)))
-    choices = choose_types(descs, mix, facts, pure)
+    choices = choose_types(descs, mix, facts, pure, overrides)
     out = []
     for desc, (offset, n_bytes) in zip(descs, spans):
         choice = choices[desc.name]

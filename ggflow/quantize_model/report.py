@@ -24,7 +24,7 @@ class QuantizeReport:
     in_path: str
     out_path: str
     mix: str
-    ftype: int
+    ftype: int | None  # None: no general.file_type was written (llama.cpp has none for the type)
     pure: bool
     tensors: list[TensorResult] = field(default_factory=list)
     in_size: int = 0   # file sizes in bytes
@@ -56,7 +56,8 @@ class QuantizeReport:
         n = max(self.n_elements, 1)
         lines = [
             f"{self.in_path} -> {self.out_path}: {self.mix}{' (pure)' if self.pure else ''}, "
-            f"general.file_type {self.ftype}, {self.seconds:.2f} s",
+            f"{'no general.file_type' if self.ftype is None else f'general.file_type {self.ftype}'}, "
+            f"{self.seconds:.2f} s",
             f"  file size: {self.in_size / mib:.2f} MiB -> {self.out_size / mib:.2f} MiB",
             f"  weights:   {weights_in / mib:.2f} MiB ({weights_in * 8 / n:.2f} bits/weight) -> "
             f"{weights_out / mib:.2f} MiB ({weights_out * 8 / n:.2f} bits/weight)",

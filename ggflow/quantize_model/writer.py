@@ -4,7 +4,8 @@ Metadata is copied as the input stores it, entry by entry (key, value type, valu
 non-UTF-8 strings and empty arrays survive without a decode/encode round trip. llama-quantize's
 changes: the split keys go (the output is one file), general.file_type and
 general.quantization_version are set (appended at the end, as gguf_set_val appends a new key), and
-general.architecture comes first. Tensor infos follow, then the data, each tensor padded to the
+general.architecture comes first. A type llama.cpp has no file type for (a plugin's) gets no
+general.file_type: llama.cpp's loader then guesses one from the tensors. Tensor infos follow, then the data, each tensor padded to the
 input's alignment.
 
 Layout: magic "GGUF", version u32, n_tensors u64, n_kv u64; n_kv (key string, value type u32, value);
@@ -39,12 +40,14 @@ def _uint32_entry(key: str, value: int) -> bytes:
     return _string(key) + struct.pack("<II", _UINT32, value)
 
 
-def metadata_entries(src: GGUFFile, ftype: int) -> list[bytes]:
-    """The output's key-value entries, in order, from the input's."""
+def metadata_entries(src: GGUFFile, ftype: int | None) -> list[bytes]:
+    """The output's key-value entries, in order, from the input's. ftype None: no general.file_type."""
     kept = [k for k in src.kv_spans if k not in _DROPPED_KEYS + _REWRITTEN_KEYS]
     kept.sort(key=lambda k: k != _FIRST_KEY)  # stable: the rest keep the input's order
-    return [src.kv_entry(k) for k in kept] + [_uint32_entry("general.quantization_version", GGML_QNT_VERSION),
-                                              _uint32_entry("general.file_type", ftype)]
+    set_keys = [_uint32_entry("general.quantization_version", GGML_QNT_VERSION)]
+    if ftype is not None:
+        set_keys.append(_uint32_entry("general.file_type", ftype))
+    return [src.kv_entry(k) for k in kept] + set_keys
 
 
 def _pad(n: int, alignment: int) -> int:
