@@ -5,7 +5,8 @@ bits, the attention-V and FFN-down matrices of chosen layers get more bits, and 
 don't fit the type's block falls back to a type whose blocks do. The rules, names and file-type
 numbers are llama.cpp's (src/llama-quant.cpp: llama_tensor_get_type, tensor_type_fallback,
 tensor_allows_quantization; include/llama.h: llama_ftype), so for the same input and mix every
-tensor gets the type llama-quantize gives it (without an importance matrix or overrides).
+tensor gets the type llama-quantize gives it (without an importance matrix; with the same overrides,
+except --tensor-type with a float mix, which llama-quantize ignores).
 
 Rules that count layers (``i_attention_wv``, ``i_ffn_down``) count in llama.cpp's processing order,
 tensors sorted by layer number then name, so the choice does not depend on the input file's order.
