@@ -186,7 +186,7 @@ def test_quantized_matmul_equals_ggml_integer_dot_on_its_own_quantized_activatio
     q, wd = weight(w_type, ROWS, k, seed=5)
     x = activations(64, k, seed=6)
     got = run(qmm.pack_weight(q, w_type), x)
-    vdt = qmm._QUANT[w_type].vec_dot_type
+    vdt = qmm.pack_weight(q, w_type).vec_dot_type
     xq, d, extra = qmm.quantize_activations(x, vdt)
     xd = xq * np.repeat(d.astype(np.float64), k // d.shape[1], axis=1)
     want = xd @ wd.T
@@ -207,13 +207,11 @@ def test_batched_path_gives_the_matvec_results_bit_for_bit(w_type):
     np.testing.assert_array_equal(batched, one_by_one)
 
 
-def kernel_pair(w_type: str):
-    """(parallel kernel, serial kernel, activation preparation) of a type."""
-    if w_type in qmm._QUANT:
-        kern = qmm._QUANT[w_type]
-        return kern.kernel, kern.serial, lambda x: qmm.quantize_activations(x, kern.vec_dot_type)
-    _, _, parallel, serial, rounding = qmm._FLOAT[w_type]
-    return parallel, serial, lambda x: ((rounding(x) if rounding else x),)
+def kernel_args(pw, x):
+    """What mul_mat hands a packed weight's compiled kernels, before out."""
+    if pw.vec_dot_type is not None:
+        return (pw.kind, pw.arrays, *qmm.quantize_activations(x, pw.vec_dot_type))
+    return pw.kind, pw.arrays[0], (pw.rounding(x) if pw.rounding else x)
 
 
 BIG = (520, 2048)      # rows x k: one token is over PARALLEL_MIN_MACS, so mul_mat goes parallel
@@ -228,11 +226,10 @@ def test_parallel_and_serial_kernels_agree_bit_for_bit(w_type):
     q, _ = weight(w_type, *BIG, seed=12)
     pw = qmm.pack_weight(q, w_type)
     x = activations(1, BIG[1], seed=13)
-    parallel, serial, prepare = kernel_pair(w_type)
     a = np.full((1, BIG[0]), np.nan, np.float32)
     b = np.full((1, BIG[0]), np.nan, np.float32)
-    parallel(*pw.arrays, *prepare(x), a)
-    serial(*pw.arrays, *prepare(x), b)
+    pw.parallel(*kernel_args(pw, x), a)
+    pw.serial(*kernel_args(pw, x), b)
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(run(pw, x), a)
 
@@ -311,7 +308,7 @@ def test_out_that_is_not_contiguous_is_filled():
 
 def test_unsupported_type_is_refused_with_the_supported_list():
     with pytest.raises(BackendError, match="Q4_K"):
-        qmm.pack_weight(np.zeros((2, 18), np.uint8), "IQ4_NL")
+        qmm.pack_weight(np.zeros((2, 18), np.uint8), "NO_SUCH_TYPE")
 
 
 def test_rows_that_are_not_whole_blocks_are_refused():
@@ -329,9 +326,10 @@ def test_activations_of_the_wrong_width_are_refused():
 
 
 def test_kernels_are_cached_on_disk():
-    """Every kernel is @njit(cache=True): a cold compile costs seconds per kernel, a cache load ms."""
+    """Every driver is @njit(cache=True): a cold compile costs seconds per kernel, a cache load ms."""
     from numba.core.caching import NullCache
-    kernels = [k.kernel for k in qmm._QUANT.values()] + [k.serial for k in qmm._QUANT.values()]
-    kernels += [spec[2] for spec in qmm._FLOAT.values()] + [spec[3] for spec in qmm._FLOAT.values()]
-    kernels += [act.quantize_q8_0, act.quantize_q8_1, act.quantize_q8_K]
+    from ggflow.backends_builtin.cpu import _qmm_float as flt
+    from ggflow.backends_builtin.cpu import _qmm_template as tmpl
+    kernels = [tmpl._mul_mat_parallel, tmpl._mul_mat_serial, flt._mul_mat_parallel, flt._mul_mat_serial,
+               act.quantize_q8_0, act.quantize_q8_1, act.quantize_q8_K]
     assert all(not isinstance(k._cache, NullCache) for k in kernels)

@@ -6,8 +6,8 @@ Quant-type plugins register one TypeTraits per format; the core never needs to k
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -28,6 +28,10 @@ class TypeTraits:
     vec_dot_type: str                # type activations are quantized to for a dot with this type
     block_dtype: np.dtype | None = None  # numpy structured dtype describing one block's layout
     numpy_dtype: np.dtype | None = None  # plain element dtype for unblocked float types (F32, F16)
+    # What a backend needs to run this type fast, by backend name: "cpu" takes a
+    # ggflow.backends_builtin.cpu.qmm_pieces.BlockPieces. Opaque to the core; a backend with no entry
+    # for a type still runs it (the CPU converts such a weight once to F16).
+    kernels: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def is_quantized(self) -> bool:

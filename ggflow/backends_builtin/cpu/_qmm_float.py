@@ -7,13 +7,16 @@ F32 weights take F32 activations; F16 and BF16 weights take activations rounded 
 A row dot product is a float reduction, which LLVM only vectorizes when allowed to reassociate
 (``fastmath`` reassoc + contract, i.e. FMA); ggml's SIMD dot products reassociate the same way.
 Each weight row is read once for up to ``TOKENS`` tokens, so batches stream the weights once.
+
+One skeleton for the three types, specialised on the type's name as a numba string literal (as the
+quantized types' ``_qmm_template``): the only piece that differs is how an element becomes float32.
 """
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import literally, njit, prange, typeof, types
+from numba.extending import intrinsic, overload
 
 F32 = np.float32
 I32 = np.int32
@@ -51,8 +54,24 @@ def bf16_bits_to_f32(typingctx, bits):
     return types.float32(bits), codegen
 
 
+def _to_f32(kind, v):
+    raise NotImplementedError("only called from compiled kernels")
+
+
+@overload(_to_f32, inline="always")
+def _ov_to_f32(kind, v):
+    """The one per-type piece of this family: a stored element as float32, by the kind's literal name."""
+    if not isinstance(kind, types.StringLiteral):
+        return None
+    if kind.literal_value == "F16":
+        return lambda kind, v: f16_bits_to_f32(v)
+    if kind.literal_value == "BF16":
+        return lambda kind, v: bf16_bits_to_f32(v)
+    return lambda kind, v: v
+
+
 @njit(cache=True, fastmath=FAST, inline="always")
-def _dots_f32(w, r, x, i0, nt, out):
+def _dots(kind, w, r, x, i0, nt, out):
     k = w.shape[1]
     if nt == TOKENS:
         s0 = F32(0)
@@ -60,7 +79,7 @@ def _dots_f32(w, r, x, i0, nt, out):
         s2 = F32(0)
         s3 = F32(0)
         for j in range(k):
-            v = w[r, j]
+            v = _to_f32(kind, w[r, j])
             s0 += v * x[i0, j]
             s1 += v * x[i0 + 1, j]
             s2 += v * x[i0 + 2, j]
@@ -73,117 +92,38 @@ def _dots_f32(w, r, x, i0, nt, out):
         for i in range(i0, i0 + nt):
             s = F32(0)
             for j in range(k):
-                s += w[r, j] * x[i, j]
+                s += _to_f32(kind, w[r, j]) * x[i, j]
             out[i, r] = s
 
 
-@njit(cache=True, fastmath=FAST, inline="always")
-def _dots_f16(w, r, x, i0, nt, out):
-    k = w.shape[1]
-    if nt == TOKENS:
-        s0 = F32(0)
-        s1 = F32(0)
-        s2 = F32(0)
-        s3 = F32(0)
-        for j in range(k):
-            v = f16_bits_to_f32(w[r, j])
-            s0 += v * x[i0, j]
-            s1 += v * x[i0 + 1, j]
-            s2 += v * x[i0 + 2, j]
-            s3 += v * x[i0 + 3, j]
-        out[i0, r] = s0
-        out[i0 + 1, r] = s1
-        out[i0 + 2, r] = s2
-        out[i0 + 3, r] = s3
-    else:
-        for i in range(i0, i0 + nt):
-            s = F32(0)
-            for j in range(k):
-                s += f16_bits_to_f32(w[r, j]) * x[i, j]
-            out[i, r] = s
-
-
-@njit(cache=True, fastmath=FAST, inline="always")
-def _dots_bf16(w, r, x, i0, nt, out):
-    k = w.shape[1]
-    if nt == TOKENS:
-        s0 = F32(0)
-        s1 = F32(0)
-        s2 = F32(0)
-        s3 = F32(0)
-        for j in range(k):
-            v = bf16_bits_to_f32(w[r, j])
-            s0 += v * x[i0, j]
-            s1 += v * x[i0 + 1, j]
-            s2 += v * x[i0 + 2, j]
-            s3 += v * x[i0 + 3, j]
-        out[i0, r] = s0
-        out[i0 + 1, r] = s1
-        out[i0 + 2, r] = s2
-        out[i0 + 3, r] = s3
-    else:
-        for i in range(i0, i0 + nt):
-            s = F32(0)
-            for j in range(k):
-                s += bf16_bits_to_f32(w[r, j]) * x[i, j]
-            out[i, r] = s
-
-
-@njit(cache=True, fastmath=FAST)
-def _task_f32(w, x, out, task):
+@njit(cache=True, fastmath=FAST, nogil=True)
+def _task(kind, w, x, out, task):
     for r in range(task * ROWS_PER_TASK, min(w.shape[0], (task + 1) * ROWS_PER_TASK)):
         for i0 in range(0, x.shape[0], TOKENS):
-            _dots_f32(w, r, x, i0, min(TOKENS, x.shape[0] - i0), out)
+            _dots(kind, w, r, x, i0, min(TOKENS, x.shape[0] - i0), out)
 
 
-@njit(cache=True, fastmath=FAST, parallel=True)
-def mul_mat_f32(w, x, out):
+@njit(cache=True, fastmath=FAST, parallel=True, nogil=True)
+def _mul_mat_parallel(kind, w, x, out):
+    literally(kind)
     for task in prange(-(-w.shape[0] // ROWS_PER_TASK)):
-        _task_f32(w, x, out, task)
+        _task(kind, w, x, out, task)
 
 
-@njit(cache=True, fastmath=FAST)
-def mul_mat_f32_serial(w, x, out):
+@njit(cache=True, fastmath=FAST, nogil=True)
+def _mul_mat_serial(kind, w, x, out):
+    literally(kind)
     for task in range(-(-w.shape[0] // ROWS_PER_TASK)):
-        _task_f32(w, x, out, task)
+        _task(kind, w, x, out, task)
 
 
-@njit(cache=True, fastmath=FAST)
-def _task_f16(w, x, out, task):
-    for r in range(task * ROWS_PER_TASK, min(w.shape[0], (task + 1) * ROWS_PER_TASK)):
-        for i0 in range(0, x.shape[0], TOKENS):
-            _dots_f16(w, r, x, i0, min(TOKENS, x.shape[0] - i0), out)
+def entry_points(kind: str, w: np.ndarray, x: np.ndarray, out: np.ndarray):
+    """(parallel, serial) compiled kernels for kind "F32" | "F16" | "BF16", called as f(kind, w, x, out).
 
-
-@njit(cache=True, fastmath=FAST, parallel=True)
-def mul_mat_f16(w, x, out):
-    for task in prange(-(-w.shape[0] // ROWS_PER_TASK)):
-        _task_f16(w, x, out, task)
-
-
-@njit(cache=True, fastmath=FAST)
-def mul_mat_f16_serial(w, x, out):
-    for task in range(-(-w.shape[0] // ROWS_PER_TASK)):
-        _task_f16(w, x, out, task)
-
-
-@njit(cache=True, fastmath=FAST)
-def _task_bf16(w, x, out, task):
-    for r in range(task * ROWS_PER_TASK, min(w.shape[0], (task + 1) * ROWS_PER_TASK)):
-        for i0 in range(0, x.shape[0], TOKENS):
-            _dots_bf16(w, r, x, i0, min(TOKENS, x.shape[0] - i0), out)
-
-
-@njit(cache=True, fastmath=FAST, parallel=True)
-def mul_mat_bf16(w, x, out):
-    for task in prange(-(-w.shape[0] // ROWS_PER_TASK)):
-        _task_bf16(w, x, out, task)
-
-
-@njit(cache=True, fastmath=FAST)
-def mul_mat_bf16_serial(w, x, out):
-    for task in range(-(-w.shape[0] // ROWS_PER_TASK)):
-        _task_bf16(w, x, out, task)
+    The compiled entry points, not the dispatchers: dispatching a str to a literal specialisation
+    re-runs numba's typing on every call (see _qmm_template)."""
+    sig = (types.literal(kind), typeof(w), typeof(x), typeof(out))
+    return _mul_mat_parallel.compile(sig), _mul_mat_serial.compile(sig)
 
 
 def round_to_f16(x: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Kernels for the 256-element super-block types Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (activations Q8_K).
+"""Matmul pieces of the 256-element super-block types Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (activations Q8_K).
 
 Same scheme as ``_qmm_legacy``: row-tiled layout, an int16-only loop that forms sums of products
 over groups small enough for int16, then a loop that applies the integer sub-block scales in int32
@@ -14,27 +14,26 @@ Group sizes (products that fit int16, activations |x| <= 127):
   Q2_K quant 0..3: 16 (one scale group)   Q3_K 0..7 (repacked as nibbles): 16
   Q4_K 0..15: 16   Q5_K 0..31: 8           Q6_K -32..31 (signed): 8
 
-Helpers are inlined into the tile functions (numba IR inlining): compiled on their own, LLVM keeps
+Helpers are inlined into the skeleton (``_qmm_template``, numba IR inlining): compiled on their own, LLVM keeps
 their j loops rolled and does not vectorize the row loops. Bit fields go through the 16-bit
 intrinsics of ``_qmm_int16``; Q5_K and Q6_K call their helpers with literal chunk numbers, which let
 LLVM fold the shifts (4-14% faster than loops, at some compile time).
-As in ``_qmm_legacy``: a tile function, a parallel and a serial driver per type.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, wide_vectors
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_field, tile_rows
+from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 
 F32 = np.float32
 I16 = np.int16
 I32 = np.int32
-R = 64     # rows per tile, a compile-time constant of every kernel here (see _qmm_layout.TILE)
+R = 64     # rows per tile, a compile-time constant of every piece here (see _qmm_layout.TILE)
 check_tile(R, __name__)
 QK = 256
-MATVEC_MAX_TOKENS = 2   # up to this many tokens the one-pass matvec beats decoding into a buffer
 
 
 # ---------------------------------------------------------------------------------------------- packing
@@ -298,42 +297,10 @@ def _acc_q6_k(acc, part, sc, d, dy):
         acc[r] += (dy * d[r]) * F32(isum)
 
 
-@njit(cache=True, inline="always")
-def _store_tile(acc, out, i, t):
-    base = t * R
-    for r in range(min(R, out.shape[1] - base)):
-        out[i, base + r] = acc[r]
-
-
 # -------------------------------------------------------------------------------- batched decoding
 # A super-block of a row tile is decoded once into w (256, R) int16 and multiplied into every token.
 # Decoded values: Q2_K 0..3, Q3_K 0..7 (offset 4 left to bsums; decoded by _decode_q4_k),
 # Q4_K 0..15, Q5_K 0..31, Q6_K -32..31.
-
-@njit(cache=True, inline="always")
-def _sum_decoded(w, xq, i, o, gsize, part):
-    """part[g, :] = sum over elements g*gsize .. (g+1)*gsize-1 of w * x (gsize 16 or 8)."""
-    if gsize == 16:
-        for g in range(0, 16, 2):
-            for r in range(R):
-                a = I16(0)
-                c = I16(0)
-                for j in range(16):
-                    a = I16(a + w[16 * g + j, r] * xq[i, o + 16 * g + j])
-                    c = I16(c + w[16 * g + 16 + j, r] * xq[i, o + 16 * g + 16 + j])
-                part[g, r] = a
-                part[g + 1, r] = c
-    else:
-        for g in range(0, 32, 2):
-            for r in range(R):
-                a = I16(0)
-                c = I16(0)
-                for j in range(8):
-                    a = I16(a + w[8 * g + j, r] * xq[i, o + 8 * g + j])
-                    c = I16(c + w[8 * g + 8 + j, r] * xq[i, o + 8 * g + 8 + j])
-                part[g, r] = a
-                part[g + 1, r] = c
-
 
 @njit(cache=True, inline="always")
 def _decode_q2_k(qs, t, b, w):
@@ -401,188 +368,81 @@ def _decode_q6_k(ql, qh, t, b, w):
     _decode_q6_k_hs(ql, qh, t, b, 1, 1, w)
 
 
+# ------------------------------------------------------------------------------------ the pieces
+# w is what the type's pack returned; dx the Q8_K scales, xe its bsums (sums of 16 activations).
 
-# ------------------------------------------------------------------------------------ tile kernels
-@njit(cache=True)
-def _tile_q2_k(t, qs, sc, d, dmin, xq, dy, bsums, out):
-    wide_vectors()
-    nb = qs.shape[1]
-    n = out.shape[0]
-    part = np.empty((16, R), I16)
-    acc = np.zeros((n, R), F32)
-    if n <= MATVEC_MAX_TOKENS:
-        for i in range(n):
-            for b in range(nb):
-                for q in range(4):
-                    _sum_q2_segment(qs, t, b, xq, i, b * QK, q, part)
-                _acc_q2_k(acc[i], part, sc[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
-    else:
-        w = np.empty((QK, R), I16)
-        for b in range(nb):
-            _decode_q2_k(qs, t, b, w)
-            for i in range(n):
-                _sum_decoded(w, xq, i, b * QK, 16, part)
-                _acc_q2_k(acc[i], part, sc[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
-    for i in range(n):
-        _store_tile(acc[i], out, i, t)
+@njit(cache=True, inline="always")
+def _q2_k_sums(w, t, b, xq, i, o, part):
+    for q in range(4):
+        _sum_q2_segment(w[0], t, b, xq, i, o, q, part)
 
 
-@njit(cache=True)
-def _tile_q3_k(t, qs, sc, d, xq, dy, bsums, out):
-    # qs holds Q3_K's quants repacked as Q4_K-ordered nibbles (see _q3_as_nibbles): Q4_K's loops
-    # give the 16-element group sums directly, in group order
-    wide_vectors()
-    nb = qs.shape[1]
-    n = out.shape[0]
-    part = np.empty((16, R), I16)
-    acc = np.zeros((n, R), F32)
-    if n <= MATVEC_MAX_TOKENS:
-        for i in range(n):
-            for b in range(nb):
-                for c in range(4):
-                    _sum_q4k_half(qs, t, b, xq, i, b * QK, c, 0, part)
-                    _sum_q4k_half(qs, t, b, xq, i, b * QK, c, 1, part)
-                _acc_q3_k(acc[i], part, sc[t, b], d[t, b], dy[i, b], bsums, i, b)
-    else:
-        w = np.empty((QK, R), I16)
-        for b in range(nb):
-            _decode_q4_k(qs, t, b, w)
-            for i in range(n):
-                _sum_decoded(w, xq, i, b * QK, 16, part)
-                _acc_q3_k(acc[i], part, sc[t, b], d[t, b], dy[i, b], bsums, i, b)
-    for i in range(n):
-        _store_tile(acc[i], out, i, t)
+@njit(cache=True, inline="always")
+def _q4_k_sums(w, t, b, xq, i, o, part):     # also Q3_K's, whose quants are repacked as Q4_K nibbles
+    for c in range(4):
+        _sum_q4k_half(w[0], t, b, xq, i, o, c, 0, part)
+        _sum_q4k_half(w[0], t, b, xq, i, o, c, 1, part)
 
 
-@njit(cache=True)
-def _tile_q4_k(t, qs, sc, mn, d, dmin, xq, dy, bsums, out):
-    wide_vectors()
-    nb = qs.shape[1]
-    n = out.shape[0]
-    part = np.empty((16, R), I16)
-    acc = np.zeros((n, R), F32)
-    if n <= MATVEC_MAX_TOKENS:
-        for i in range(n):
-            for b in range(nb):
-                for c in range(4):
-                    _sum_q4k_half(qs, t, b, xq, i, b * QK, c, 0, part)
-                    _sum_q4k_half(qs, t, b, xq, i, b * QK, c, 1, part)
-                _acc_k4(acc[i], part, 2, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
-    else:
-        w = np.empty((QK, R), I16)
-        for b in range(nb):
-            _decode_q4_k(qs, t, b, w)
-            for i in range(n):
-                _sum_decoded(w, xq, i, b * QK, 16, part)
-                _acc_k4(acc[i], part, 2, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
-    for i in range(n):
-        _store_tile(acc[i], out, i, t)
+@njit(cache=True, inline="always")
+def _q5_k_sums(w, t, b, xq, i, o, part):
+    _sum_q5k_block(w[0], w[1], t, b, xq, i, o, part)   # literal c: faster than a loop here
 
 
-@njit(cache=True)
-def _tile_q5_k(t, qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
-    wide_vectors()
-    nb = qs.shape[1]
-    n = out.shape[0]
-    part = np.empty((32, R), I16)
-    acc = np.zeros((n, R), F32)
-    if n <= MATVEC_MAX_TOKENS:
-        for i in range(n):
-            for b in range(nb):
-                _sum_q5k_block(qs, qh, t, b, xq, i, b * QK, part)   # literal c: faster than a loop here
-                _acc_k4(acc[i], part, 4, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
-    else:
-        w = np.empty((QK, R), I16)
-        for b in range(nb):
-            _decode_q5_k(qs, qh, t, b, w)
-            for i in range(n):
-                _sum_decoded(w, xq, i, b * QK, 8, part)
-                _acc_k4(acc[i], part, 4, sc[t, b], mn[t, b], d[t, b], dmin[t, b], dy[i, b], bsums, i, b)
-    for i in range(n):
-        _store_tile(acc[i], out, i, t)
+@njit(cache=True, inline="always")
+def _q6_k_sums(w, t, b, xq, i, o, part):
+    _sum_q6_block(w[0], w[1], t, b, xq, i, o, part)    # literal h, s: faster than loops here
 
 
-@njit(cache=True)
-def _tile_q6_k(t, ql, qh, sc, d, xq, dy, bsums, out):
-    wide_vectors()
-    nb = ql.shape[1]
-    n = out.shape[0]
-    part = np.empty((32, R), I16)
-    acc = np.zeros((n, R), F32)
-    if n <= MATVEC_MAX_TOKENS:
-        for i in range(n):
-            for b in range(nb):
-                _sum_q6_block(ql, qh, t, b, xq, i, b * QK, part)   # literal h, s: faster than loops here
-                _acc_q6_k(acc[i], part, sc[t, b], d[t, b], dy[i, b])
-    else:
-        w = np.empty((QK, R), I16)
-        for b in range(nb):
-            _decode_q6_k(ql, qh, t, b, w)
-            for i in range(n):
-                _sum_decoded(w, xq, i, b * QK, 8, part)
-                _acc_q6_k(acc[i], part, sc[t, b], d[t, b], dy[i, b])
-    for i in range(n):
-        _store_tile(acc[i], out, i, t)
+@njit(cache=True, inline="always")
+def _q2_k_dec(w, t, b, wd):
+    _decode_q2_k(w[0], t, b, wd)
 
 
-# -------------------------------------------------------------------------------- parallel drivers
-@njit(cache=True, parallel=True)
-def mul_mat_q2_k(qs, sc, d, dmin, xq, dy, bsums, out):
-    for t in prange(qs.shape[0]):
-        _tile_q2_k(t, qs, sc, d, dmin, xq, dy, bsums, out)
+@njit(cache=True, inline="always")
+def _q4_k_dec(w, t, b, wd):
+    _decode_q4_k(w[0], t, b, wd)
 
 
-@njit(cache=True, parallel=True)
-def mul_mat_q3_k(qs, sc, d, xq, dy, bsums, out):
-    for t in prange(qs.shape[0]):
-        _tile_q3_k(t, qs, sc, d, xq, dy, bsums, out)
+@njit(cache=True, inline="always")
+def _q5_k_dec(w, t, b, wd):
+    _decode_q5_k(w[0], w[1], t, b, wd)
 
 
-@njit(cache=True, parallel=True)
-def mul_mat_q4_k(qs, sc, mn, d, dmin, xq, dy, bsums, out):
-    for t in prange(qs.shape[0]):
-        _tile_q4_k(t, qs, sc, mn, d, dmin, xq, dy, bsums, out)
+@njit(cache=True, inline="always")
+def _q6_k_dec(w, t, b, wd):
+    _decode_q6_k(w[0], w[1], t, b, wd)
 
 
-@njit(cache=True, parallel=True)
-def mul_mat_q5_k(qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
-    for t in prange(qs.shape[0]):
-        _tile_q5_k(t, qs, qh, sc, mn, d, dmin, xq, dy, bsums, out)
+@njit(cache=True, inline="always")
+def _q2_k_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, sc, d, dmin
+    _acc_q2_k(acc, part, w[1][t, b], w[2][t, b], w[3][t, b], dx[i, b], xe, i, b)
 
 
-@njit(cache=True, parallel=True)
-def mul_mat_q6_k(ql, qh, sc, d, xq, dy, bsums, out):
-    for t in prange(ql.shape[0]):
-        _tile_q6_k(t, ql, qh, sc, d, xq, dy, bsums, out)
+@njit(cache=True, inline="always")
+def _q3_k_acc(acc, part, w, t, b, dx, xe, i):      # w: qs (as nibbles), sc, d
+    _acc_q3_k(acc, part, w[1][t, b], w[2][t, b], dx[i, b], xe, i, b)
 
 
-# ---------------------------------------------------------------------------------- serial drivers
-# For small products, where starting a parallel region costs more than the work (see threads.py).
-@njit(cache=True)
-def mul_mat_q2_k_serial(qs, sc, d, dmin, xq, dy, bsums, out):
-    for t in range(qs.shape[0]):
-        _tile_q2_k(t, qs, sc, d, dmin, xq, dy, bsums, out)
+@njit(cache=True, inline="always")
+def _q4_k_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, sc, mn, d, dmin
+    _acc_k4(acc, part, 2, w[1][t, b], w[2][t, b], w[3][t, b], w[4][t, b], dx[i, b], xe, i, b)
 
 
-@njit(cache=True)
-def mul_mat_q3_k_serial(qs, sc, d, xq, dy, bsums, out):
-    for t in range(qs.shape[0]):
-        _tile_q3_k(t, qs, sc, d, xq, dy, bsums, out)
+@njit(cache=True, inline="always")
+def _q5_k_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, qh, sc, mn, d, dmin
+    _acc_k4(acc, part, 4, w[2][t, b], w[3][t, b], w[4][t, b], w[5][t, b], dx[i, b], xe, i, b)
 
 
-@njit(cache=True)
-def mul_mat_q4_k_serial(qs, sc, mn, d, dmin, xq, dy, bsums, out):
-    for t in range(qs.shape[0]):
-        _tile_q4_k(t, qs, sc, mn, d, dmin, xq, dy, bsums, out)
+@njit(cache=True, inline="always")
+def _q6_k_acc(acc, part, w, t, b, dx, xe, i):      # w: ql, qh, sc, d
+    _acc_q6_k(acc, part, w[2][t, b], w[3][t, b], dx[i, b])
 
 
-@njit(cache=True)
-def mul_mat_q5_k_serial(qs, qh, sc, mn, d, dmin, xq, dy, bsums, out):
-    for t in range(qs.shape[0]):
-        _tile_q5_k(t, qs, qh, sc, mn, d, dmin, xq, dy, bsums, out)
-
-
-@njit(cache=True)
-def mul_mat_q6_k_serial(ql, qh, sc, d, xq, dy, bsums, out):
-    for t in range(ql.shape[0]):
-        _tile_q6_k(t, ql, qh, sc, d, xq, dy, bsums, out)
+PIECES = {
+    "Q2_K": BlockPieces(QK, 16, pack_q2_k, _q2_k_sums, _q2_k_dec, _q2_k_acc),
+    "Q3_K": BlockPieces(QK, 16, pack_q3_k, _q4_k_sums, _q4_k_dec, _q3_k_acc),
+    "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc),
+    "Q5_K": BlockPieces(QK, 32, pack_q5_k, _q5_k_sums, _q5_k_dec, _q5_k_acc),
+    "Q6_K": BlockPieces(QK, 32, pack_q6_k, _q6_k_sums, _q6_k_dec, _q6_k_acc),
+}

@@ -1,7 +1,8 @@
-"""Kernels for the 32-element block types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (activations Q8_0 / Q8_1).
+"""Matmul pieces of the 32-element block types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (activations Q8_0 / Q8_1).
 
-Every kernel works on the row-tiled layout of ``_qmm_layout`` and splits a block's dot product in two
-loops, because LLVM sizes its vectors after the widest type in a loop:
+Each type's pieces (``PIECES``, see ``qmm_pieces``) work on the row-tiled layout of ``_qmm_layout``
+and split a block's dot product in two loops, because LLVM sizes its vectors after the widest type
+in a loop:
 
 * an integer loop that only touches 8/16-bit values: for each group of products small enough to
   fit int16 (16 products of a 4-bit quant and an int8 activation: |sum| <= 16*15*127 < 2**15),
@@ -17,27 +18,23 @@ then needs no byte-to-word widening (a shuffle-port instruction), only shifts an
 
 The j loops stay short (8 or 16 steps) so LLVM unrolls them completely and vectorizes the row loop
 around them; with a longer body the j loop stays rolled and nothing is vectorized. Helpers are
-inlined into the tile functions (``inline="always"``): compiled alone, LLVM vectorizes them worse.
-
-Each type has a tile function, ``_tile_<type>(t, ...)``, a parallel driver ``mul_mat_<type>`` whose
-prange body is that single call (numba's parfor passes over big bodies cost compile time), and a
-serial driver for small products. Up to MATVEC_MAX_TOKENS tokens a tile decodes and multiplies in one
-pass per token; more tokens decode each block of the tile once into int16 and reuse it for every token.
+inlined into the skeleton (``inline="always"``): compiled alone, LLVM vectorizes them worse.
+The skeleton (``_qmm_template``) runs the one-pass sums for a few tokens and ``decode`` for more.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8, wide_vectors
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_field, tile_rows
+from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 
 F32 = np.float32
 I16 = np.int16
 I32 = np.int32
-R = 64     # rows per tile, a compile-time constant of every kernel here (see _qmm_layout.TILE)
+R = 64     # rows per tile, a compile-time constant of every piece here (see _qmm_layout.TILE)
 check_tile(R, __name__)
-MATVEC_MAX_TOKENS = 2   # up to this many tokens the one-pass matvec beats decoding into a buffer
 
 
 # ---------------------------------------------------------------------------------------------- packing
@@ -125,75 +122,8 @@ def _sum_i8_block(qs, t, b, xq, i, o, part):
             part[m, r] = I16(sext8(v, 0) * xq[i, o + 2 * m] + sext8(v, 1) * xq[i, o + 2 * m + 1])
 
 
-@njit(cache=True, inline="always")
-def _widen_sum(part, ngroups, isum):
-    # a literal group count at each call site: the g loop unrolls inside the vectorized row loop
-    if ngroups == 2:
-        for r in range(R):
-            isum[r] = I32(part[0, r]) + I32(part[1, r])
-    elif ngroups == 4:
-        for r in range(R):
-            isum[r] = I32(part[0, r]) + I32(part[1, r]) + I32(part[2, r]) + I32(part[3, r])
-    else:
-        for r in range(R):
-            s = I32(0)
-            for g in range(16):
-                s += I32(part[g, r])
-            isum[r] = s
-
-
-# ------------------------------------------------------------------------------- scale application
-@njit(cache=True, inline="always")
-def _acc_offset(acc, isum, off, dw, db):
-    """Q4_0 / Q5_0 / Q8_0: acc += (isum - off) * d_w * d_x."""
-    for r in range(R):
-        acc[r] += F32(isum[r] - off) * (dw[r] * db)
-
-
-@njit(cache=True, inline="always")
-def _acc_min(acc, isum, dw, mw, db, sb):
-    """Q4_1 / Q5_1 (ggml: sumf += d_w*d_x*sumi + m_w*s_x, s_x = f16(d_x * sum(x)))."""
-    for r in range(R):
-        acc[r] += F32(isum[r]) * (dw[r] * db) + mw[r] * sb
-
-
-@njit(cache=True, inline="always")
-def _store_tile(acc, out, i, t):
-    base = t * R
-    for r in range(min(R, out.shape[1] - base)):
-        out[i, base + r] = acc[r]
-
-
 # -------------------------------------------------------------------------------- batched decoding
 # Decode a block of a row tile once into w (32, R) int16, then multiply it into every token.
-
-@njit(cache=True, inline="always")
-def _sum_decoded(w, xq, i, o, gsize, part):
-    """part[g, :] = sum over elements g*gsize .. (g+1)*gsize-1 of w * x (gsize 16, 8 or 2)."""
-    if gsize == 16:
-        for r in range(R):
-            lo = I16(0)
-            hi = I16(0)
-            for j in range(16):
-                lo = I16(lo + w[j, r] * xq[i, o + j])
-                hi = I16(hi + w[16 + j, r] * xq[i, o + 16 + j])
-            part[0, r] = lo
-            part[1, r] = hi
-    elif gsize == 8:
-        for h in range(2):
-            for r in range(R):
-                lo = I16(0)
-                hi = I16(0)
-                for j in range(8):
-                    lo = I16(lo + w[16 * h + j, r] * xq[i, o + 16 * h + j])
-                    hi = I16(hi + w[16 * h + 8 + j, r] * xq[i, o + 16 * h + 8 + j])
-                part[2 * h, r] = lo
-                part[2 * h + 1, r] = hi
-    else:
-        for m in range(16):
-            for r in range(R):
-                part[m, r] = I16(w[2 * m, r] * xq[i, o + 2 * m] + w[2 * m + 1, r] * xq[i, o + 2 * m + 1])
-
 
 @njit(cache=True, inline="always")
 def _decode_u4(qs, t, b, w):
@@ -223,198 +153,92 @@ def _decode_i8(qs, t, b, w):
             w[2 * m, r] = sext8(v, 0)
             w[2 * m + 1, r] = sext8(v, 1)
 
+# ------------------------------------------------------------------------------------ the pieces
+# w is what the type's pack returned; dx, xe the Q8_0 / Q8_1 activation scales and block sums.
 
-# ------------------------------------------------------------------------------------ tile kernels
-@njit(cache=True)
-def _tile_q4_0(t, qs, d, xq, dx, xsum, out):
-    wide_vectors()
-    nb = qs.shape[1]
-    n = out.shape[0]
-    part = np.empty((2, R), I16)
-    isum = np.empty(R, I32)
-    acc = np.zeros((n, R), F32)
-    if n <= MATVEC_MAX_TOKENS:
-        for i in range(n):
-            for b in range(nb):
-                _sum_u4_block(qs, t, b, xq, i, b * 32, part)
-                _widen_sum(part, 2, isum)
-                _acc_offset(acc[i], isum, 8 * xsum[i, b], d[t, b], dx[i, b])
-    else:
-        w = np.empty((32, R), I16)
-        for b in range(nb):
-            _decode_u4(qs, t, b, w)
-            for i in range(n):
-                _sum_decoded(w, xq, i, b * 32, 16, part)
-                _widen_sum(part, 2, isum)
-                _acc_offset(acc[i], isum, 8 * xsum[i, b], d[t, b], dx[i, b])
-    for i in range(n):
-        _store_tile(acc[i], out, i, t)
+@njit(cache=True, inline="always")
+def _isum(part, r, ngroups):
+    # a literal group count at each call site: the g loop unrolls inside the vectorized row loop
+    s = I32(0)
+    for g in range(ngroups):
+        s += I32(part[g, r])
+    return s
 
 
-@njit(cache=True)
-def _tile_q4_1(t, qs, d, m, xq, dx, xs, out):
-    wide_vectors()
-    nb = qs.shape[1]
-    n = out.shape[0]
-    part = np.empty((2, R), I16)
-    isum = np.empty(R, I32)
-    acc = np.zeros((n, R), F32)
-    if n <= MATVEC_MAX_TOKENS:
-        for i in range(n):
-            for b in range(nb):
-                _sum_u4_block(qs, t, b, xq, i, b * 32, part)
-                _widen_sum(part, 2, isum)
-                _acc_min(acc[i], isum, d[t, b], m[t, b], dx[i, b], xs[i, b])
-    else:
-        w = np.empty((32, R), I16)
-        for b in range(nb):
-            _decode_u4(qs, t, b, w)
-            for i in range(n):
-                _sum_decoded(w, xq, i, b * 32, 16, part)
-                _widen_sum(part, 2, isum)
-                _acc_min(acc[i], isum, d[t, b], m[t, b], dx[i, b], xs[i, b])
-    for i in range(n):
-        _store_tile(acc[i], out, i, t)
+@njit(cache=True, inline="always")
+def _acc_offset(acc, part, ngroups, dw, off, db):
+    """Q4_0 / Q5_0 / Q8_0: acc += (isum - off) * d_w * d_x, off = the encoding's offset * sum(x)."""
+    for r in range(R):
+        acc[r] += F32(_isum(part, r, ngroups) - off) * (dw[r] * db)
 
 
-@njit(cache=True)
-def _tile_q5_0(t, qs, qh, d, xq, dx, xsum, out):
-    wide_vectors()
-    nb = qs.shape[1]
-    n = out.shape[0]
-    part = np.empty((4, R), I16)
-    isum = np.empty(R, I32)
-    acc = np.zeros((n, R), F32)
-    if n <= MATVEC_MAX_TOKENS:
-        for i in range(n):
-            for b in range(nb):
-                _sum_u5_half(qs, qh, t, b, xq, i, b * 32, 0, part, 0)
-                _sum_u5_half(qs, qh, t, b, xq, i, b * 32, 4, part, 2)
-                _widen_sum(part, 4, isum)
-                _acc_offset(acc[i], isum, 16 * xsum[i, b], d[t, b], dx[i, b])
-    else:
-        w = np.empty((32, R), I16)
-        for b in range(nb):
-            _decode_u5(qs, qh, t, b, w)
-            for i in range(n):
-                _sum_decoded(w, xq, i, b * 32, 8, part)
-                _widen_sum(part, 4, isum)
-                _acc_offset(acc[i], isum, 16 * xsum[i, b], d[t, b], dx[i, b])
-    for i in range(n):
-        _store_tile(acc[i], out, i, t)
+@njit(cache=True, inline="always")
+def _acc_min(acc, part, ngroups, dw, mw, db, sb):
+    """Q4_1 / Q5_1 (ggml: sumf += d_w*d_x*sumi + m_w*s_x, s_x = f16(d_x * sum(x)))."""
+    for r in range(R):
+        acc[r] += F32(_isum(part, r, ngroups)) * (dw[r] * db) + mw[r] * sb
 
 
-@njit(cache=True)
-def _tile_q5_1(t, qs, qh, d, m, xq, dx, xs, out):
-    wide_vectors()
-    nb = qs.shape[1]
-    n = out.shape[0]
-    part = np.empty((4, R), I16)
-    isum = np.empty(R, I32)
-    acc = np.zeros((n, R), F32)
-    if n <= MATVEC_MAX_TOKENS:
-        for i in range(n):
-            for b in range(nb):
-                _sum_u5_half(qs, qh, t, b, xq, i, b * 32, 0, part, 0)
-                _sum_u5_half(qs, qh, t, b, xq, i, b * 32, 4, part, 2)
-                _widen_sum(part, 4, isum)
-                _acc_min(acc[i], isum, d[t, b], m[t, b], dx[i, b], xs[i, b])
-    else:
-        w = np.empty((32, R), I16)
-        for b in range(nb):
-            _decode_u5(qs, qh, t, b, w)
-            for i in range(n):
-                _sum_decoded(w, xq, i, b * 32, 8, part)
-                _widen_sum(part, 4, isum)
-                _acc_min(acc[i], isum, d[t, b], m[t, b], dx[i, b], xs[i, b])
-    for i in range(n):
-        _store_tile(acc[i], out, i, t)
+@njit(cache=True, inline="always")
+def _q4_sums(w, t, b, xq, i, o, part):
+    _sum_u4_block(w[0], t, b, xq, i, o, part)
 
 
-@njit(cache=True)
-def _tile_q8_0(t, qs, d, xq, dx, xsum, out):
-    wide_vectors()
-    nb = qs.shape[1]
-    n = out.shape[0]
-    part = np.empty((16, R), I16)
-    isum = np.empty(R, I32)
-    acc = np.zeros((n, R), F32)
-    if n <= MATVEC_MAX_TOKENS:
-        for i in range(n):
-            for b in range(nb):
-                _sum_i8_block(qs, t, b, xq, i, b * 32, part)
-                _widen_sum(part, 16, isum)
-                _acc_offset(acc[i], isum, 0, d[t, b], dx[i, b])
-    else:
-        w = np.empty((32, R), I16)
-        for b in range(nb):
-            _decode_i8(qs, t, b, w)
-            for i in range(n):
-                _sum_decoded(w, xq, i, b * 32, 2, part)
-                _widen_sum(part, 16, isum)
-                _acc_offset(acc[i], isum, 0, d[t, b], dx[i, b])
-    for i in range(n):
-        _store_tile(acc[i], out, i, t)
+@njit(cache=True, inline="always")
+def _q5_sums(w, t, b, xq, i, o, part):
+    _sum_u5_half(w[0], w[1], t, b, xq, i, o, 0, part, 0)
+    _sum_u5_half(w[0], w[1], t, b, xq, i, o, 4, part, 2)
 
 
-# -------------------------------------------------------------------------------- parallel drivers
-@njit(cache=True, parallel=True)
-def mul_mat_q4_0(qs, d, xq, dx, xsum, out):
-    for t in prange(qs.shape[0]):
-        _tile_q4_0(t, qs, d, xq, dx, xsum, out)
+@njit(cache=True, inline="always")
+def _q8_sums(w, t, b, xq, i, o, part):
+    _sum_i8_block(w[0], t, b, xq, i, o, part)
 
 
-@njit(cache=True, parallel=True)
-def mul_mat_q4_1(qs, d, m, xq, dx, xs, out):
-    for t in prange(qs.shape[0]):
-        _tile_q4_1(t, qs, d, m, xq, dx, xs, out)
+@njit(cache=True, inline="always")
+def _q4_decode(w, t, b, wd):
+    _decode_u4(w[0], t, b, wd)
 
 
-@njit(cache=True, parallel=True)
-def mul_mat_q5_0(qs, qh, d, xq, dx, xsum, out):
-    for t in prange(qs.shape[0]):
-        _tile_q5_0(t, qs, qh, d, xq, dx, xsum, out)
+@njit(cache=True, inline="always")
+def _q5_decode(w, t, b, wd):
+    _decode_u5(w[0], w[1], t, b, wd)
 
 
-@njit(cache=True, parallel=True)
-def mul_mat_q5_1(qs, qh, d, m, xq, dx, xs, out):
-    for t in prange(qs.shape[0]):
-        _tile_q5_1(t, qs, qh, d, m, xq, dx, xs, out)
+@njit(cache=True, inline="always")
+def _q8_decode(w, t, b, wd):
+    _decode_i8(w[0], t, b, wd)
 
 
-@njit(cache=True, parallel=True)
-def mul_mat_q8_0(qs, d, xq, dx, xsum, out):
-    for t in prange(qs.shape[0]):
-        _tile_q8_0(t, qs, d, xq, dx, xsum, out)
+@njit(cache=True, inline="always")
+def _q4_0_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, d
+    _acc_offset(acc, part, 2, w[1][t, b], 8 * xe[i, b], dx[i, b])
 
 
-# ---------------------------------------------------------------------------------- serial drivers
-# For small products, where starting a parallel region costs more than the work (see threads.py).
-@njit(cache=True)
-def mul_mat_q4_0_serial(qs, d, xq, dx, xsum, out):
-    for t in range(qs.shape[0]):
-        _tile_q4_0(t, qs, d, xq, dx, xsum, out)
+@njit(cache=True, inline="always")
+def _q4_1_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, d, m
+    _acc_min(acc, part, 2, w[1][t, b], w[2][t, b], dx[i, b], xe[i, b])
 
 
-@njit(cache=True)
-def mul_mat_q4_1_serial(qs, d, m, xq, dx, xs, out):
-    for t in range(qs.shape[0]):
-        _tile_q4_1(t, qs, d, m, xq, dx, xs, out)
+@njit(cache=True, inline="always")
+def _q5_0_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, qh, d
+    _acc_offset(acc, part, 4, w[2][t, b], 16 * xe[i, b], dx[i, b])
 
 
-@njit(cache=True)
-def mul_mat_q5_0_serial(qs, qh, d, xq, dx, xsum, out):
-    for t in range(qs.shape[0]):
-        _tile_q5_0(t, qs, qh, d, xq, dx, xsum, out)
+@njit(cache=True, inline="always")
+def _q5_1_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, qh, d, m
+    _acc_min(acc, part, 4, w[2][t, b], w[3][t, b], dx[i, b], xe[i, b])
 
 
-@njit(cache=True)
-def mul_mat_q5_1_serial(qs, qh, d, m, xq, dx, xs, out):
-    for t in range(qs.shape[0]):
-        _tile_q5_1(t, qs, qh, d, m, xq, dx, xs, out)
+@njit(cache=True, inline="always")
+def _q8_0_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, d
+    _acc_offset(acc, part, 16, w[1][t, b], 0, dx[i, b])
 
 
-@njit(cache=True)
-def mul_mat_q8_0_serial(qs, d, xq, dx, xsum, out):
-    for t in range(qs.shape[0]):
-        _tile_q8_0(t, qs, d, xq, dx, xsum, out)
+PIECES = {
+    "Q4_0": BlockPieces(32, 2, pack_q4_0, _q4_sums, _q4_decode, _q4_0_acc),
+    "Q4_1": BlockPieces(32, 2, pack_q4_1, _q4_sums, _q4_decode, _q4_1_acc),
+    "Q5_0": BlockPieces(32, 4, pack_q5_0, _q5_sums, _q5_decode, _q5_0_acc),
+    "Q5_1": BlockPieces(32, 4, pack_q5_1, _q5_sums, _q5_decode, _q5_1_acc),
+    "Q8_0": BlockPieces(32, 16, pack_q8_0, _q8_sums, _q8_decode, _q8_0_acc),
+}

@@ -4,9 +4,10 @@ ggml_mul_mat(a [k, m, A2, A3], b [k, n, B2, B3]) -> out [m, n, B2, B3], out[i3, 
 b row j). a's matrices broadcast over b's in blocks: b matrix i2 uses a matrix i2 // (B2 / A2) (so several
 query heads share one K/V head, GQA), and the same for dim 3.
 
-Fast path: a weight (a leaf tensor, contiguous, of a type in quant_matmul.SUPPORTED_TYPES) is packed once
-(``PackedWeights``, filled by the backend's prepare_weight hook or on first compile) and multiplied by
-quant_matmul.mul_mat. A leaf multiplied directly is taken to be constant between computes; state that
+Fast path: a weight (a leaf tensor, contiguous, of a type quant_matmul.has_kernel takes: the float types,
+every built-in quant type, a plugin type with CPU pieces, and one without, converted once to a float type)
+is packed once (``PackedWeights``, filled by the backend's prepare_weight hook or on first compile) and
+multiplied by quant_matmul.mul_mat. A leaf multiplied directly is taken to be constant between computes; state that
 changes (the KV cache) is read through views, which take the generic path.
 
 Generic path: any type, any strides, and every output row the same whatever the number of rows (tokens) in
@@ -14,8 +15,9 @@ the call (batch invariance: a prompt's last token re-evaluated alone after a KV-
 logits it gave in the prompt's batch). Like ggml, b is first rounded to a's vec_dot_type (F16 for F16,
 Q8_0/Q8_K/... for quantized a), so an F16 K cache times F32 queries gives what ggml's F16 x F16 dot gives, up
 to summation order.
-- a weight of a type with no packed kernel: a turned into float32 (a blocked type through its to_float: a
-  quant type with no kernel still runs, slowly), numpy's matmul (BLAS) over chunks of ROWS_PER_GEMM rows.
+- a weight the fast path does not take (a type that cannot be decoded ahead, memory not on the host): a
+  turned into float32 on each run (through its to_float), numpy's matmul (BLAS) over chunks of
+  ROWS_PER_GEMM rows.
 - anything else (the K and V views of the cache in attention): kernels_fixed_order_matmul's kernel, which
   reads F32 and F16 where they lie and adds each output's products in one fixed order (other types are
   converted to float32 first).
@@ -63,7 +65,7 @@ class PackedWeights:
         self._packs: dict[Tensor, tuple[int, list[list[Any]]]] = {}  # tensor -> (data address, packs[i3][i2])
 
     def is_eligible(self, t: Tensor) -> bool:
-        return (self.kernels is not None and t.type.name in self.kernels.SUPPORTED_TYPES and is_weight(t)
+        return (self.kernels is not None and self.kernels.has_kernel(t.type.name) and is_weight(t)
                 and t.is_contiguous() and t.buffer is not None and t.buffer.is_host)
 
     def get(self, t: Tensor) -> list[list[Any]] | None:

@@ -3,6 +3,12 @@
     pw = pack_weight(w, "Q4_K")          # once per weight, at load
     mul_mat(pw, x, out)                  # out[i, r] = dot(W[r], x[i]); x (n, k) f32, out (n, rows) f32
 
+Every quantized type runs in one skeleton (``_qmm_template``) specialised by the type's pieces
+(``qmm_pieces.BlockPieces``): the built-in ones in ``_qmm_legacy`` / ``_qmm_kquants``, a plugin type's
+in its TypeTraits (``kernels={"cpu": BlockPieces(...)}``). A quantized type with no pieces is converted
+once, when packed, with its own to_float, to a float type (F16, 2 bytes per weight, or F32 when that is
+its vec_dot_type) and runs that type's kernel.
+
 Numerics follow ggml: activations are quantized to the weight type's vec_dot_type (Q8_0 for
 Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K types) with ggml's reference quantizers, the block
 dot products are exact integers, and the scales are applied and accumulated in f32. F16 and BF16
@@ -15,7 +21,7 @@ place (a reference to ``w``, no copy). docs/performance.md has the per-type figu
 
 n == 1 (decode) and small n take the matvec path (one decode-and-multiply pass per token); larger n
 the batched one, which decodes each block of a row tile once and reuses it for all tokens (the
-switch is inside each type's kernel, ``MATVEC_MAX_TOKENS`` of its module).
+switch is in the skeleton, ``_qmm_template.MATVEC_MAX_TOKENS``).
 Threads: numba's prange over row tiles, as many as ``numba.set_num_threads`` allows; products below
 ``PARALLEL_MIN_MACS`` run on the calling thread.
 """
@@ -25,60 +31,104 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from numba import typeof
 
 from ggflow.backends_builtin.cpu import _qmm_act as act
 from ggflow.backends_builtin.cpu import _qmm_float as flt
 from ggflow.backends_builtin.cpu import _qmm_kquants as kq
 from ggflow.backends_builtin.cpu import _qmm_legacy as leg
+from ggflow.backends_builtin.cpu import _qmm_template as tmpl
 from ggflow.backends_builtin.cpu._qmm_layout import TILE
-from ggflow.errors import BackendError, ShapeError
+from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
+from ggflow.core.types import TypeTraits, type_traits
+from ggflow.errors import BackendError, ShapeError, UnknownNameError
 
 # Below this many multiply-adds (n * rows * k) a product runs on the calling thread: starting a
 # parallel region costs 10-20 us on an idle machine and a scheduler slice (ms) on a busy one, more
 # than a small weight takes (1 Mi multiply-adds: about 0.1 ms on one core).
 PARALLEL_MIN_MACS = 1 << 20
 
+ACTIVATION_TYPES = ("Q8_0", "Q8_1", "Q8_K")   # the vec_dot_types quantize_activations makes
+_BUILTIN_PIECES: dict[str, BlockPieces] = {**leg.PIECES, **kq.PIECES}
+
+# element dtype, bytes per element, activation rounding
+_FLOAT = {
+    "F32": (np.float32, 4, None),
+    "F16": (np.uint16, 2, flt.round_to_f16),
+    "BF16": (np.uint16, 2, flt.round_to_bf16),
+}
+
+SUPPORTED_TYPES: frozenset[str] = frozenset(_BUILTIN_PIECES) | frozenset(_FLOAT)   # the built-in kernels
+
+Kernel = Callable[..., None]
+
 
 @dataclass(frozen=True)
-class _QuantKernels:
-    block_size: int
-    type_size: int
-    vec_dot_type: str                    # "Q8_0" | "Q8_1" | "Q8_K"
-    pack: Callable[[np.ndarray, int, int], tuple]
-    kernel: Callable                     # (*packed arrays, *quantized activations, out) -> None
-    serial: Callable                     # the same on the calling thread only, for small products
+class _QuantType:
+    """A quantized type as the skeleton runs it: its pieces, activation type and literal kind."""
+    traits: TypeTraits
+    pieces: BlockPieces
+    kind: str
 
 
-_QUANT: dict[str, _QuantKernels] = {
-    "Q4_0": _QuantKernels(32, 18, "Q8_0", leg.pack_q4_0, leg.mul_mat_q4_0, leg.mul_mat_q4_0_serial),
-    "Q4_1": _QuantKernels(32, 20, "Q8_1", leg.pack_q4_1, leg.mul_mat_q4_1, leg.mul_mat_q4_1_serial),
-    "Q5_0": _QuantKernels(32, 22, "Q8_0", leg.pack_q5_0, leg.mul_mat_q5_0, leg.mul_mat_q5_0_serial),
-    "Q5_1": _QuantKernels(32, 24, "Q8_1", leg.pack_q5_1, leg.mul_mat_q5_1, leg.mul_mat_q5_1_serial),
-    "Q8_0": _QuantKernels(32, 34, "Q8_0", leg.pack_q8_0, leg.mul_mat_q8_0, leg.mul_mat_q8_0_serial),
-    "Q2_K": _QuantKernels(256, 84, "Q8_K", kq.pack_q2_k, kq.mul_mat_q2_k, kq.mul_mat_q2_k_serial),
-    "Q3_K": _QuantKernels(256, 110, "Q8_K", kq.pack_q3_k, kq.mul_mat_q3_k, kq.mul_mat_q3_k_serial),
-    "Q4_K": _QuantKernels(256, 144, "Q8_K", kq.pack_q4_k, kq.mul_mat_q4_k, kq.mul_mat_q4_k_serial),
-    "Q5_K": _QuantKernels(256, 176, "Q8_K", kq.pack_q5_k, kq.mul_mat_q5_k, kq.mul_mat_q5_k_serial),
-    "Q6_K": _QuantKernels(256, 210, "Q8_K", kq.pack_q6_k, kq.mul_mat_q6_k, kq.mul_mat_q6_k_serial),
-}
+_QUANT_TYPES: dict[str, _QuantType] = {}
+_ENTRY_POINTS: dict[tuple, tuple[Kernel, Kernel]] = {}   # (kind, argument types) -> (parallel, serial)
 
-# element dtype, bytes per element, kernel, serial kernel, activation rounding
-_FLOAT = {
-    "F32": (np.float32, 4, flt.mul_mat_f32, flt.mul_mat_f32_serial, None),
-    "F16": (np.uint16, 2, flt.mul_mat_f16, flt.mul_mat_f16_serial, flt.round_to_f16),
-    "BF16": (np.uint16, 2, flt.mul_mat_bf16, flt.mul_mat_bf16_serial, flt.round_to_bf16),
-}
 
-SUPPORTED_TYPES: frozenset[str] = frozenset(_QUANT) | frozenset(_FLOAT)
+def cpu_pieces(traits: TypeTraits) -> BlockPieces | None:
+    """The CPU matmul pieces of a type: built in, or from its TypeTraits.kernels["cpu"]; None if it has none."""
+    pieces = _BUILTIN_PIECES.get(traits.name) or traits.kernels.get("cpu")
+    if pieces is not None and not isinstance(pieces, BlockPieces):
+        raise BackendError(f"{traits.name}: TypeTraits.kernels['cpu'] must be a "
+                           f"ggflow.backends_builtin.cpu.qmm_pieces.BlockPieces, got {type(pieces).__name__}")
+    return pieces
+
+
+def _quant_type(traits: TypeTraits) -> _QuantType | None:
+    qt = _QUANT_TYPES.get(traits.name)
+    if qt is not None and qt.traits is traits:
+        return qt
+    pieces = cpu_pieces(traits)
+    if pieces is None:
+        return None
+    if pieces.block_size != traits.block_size:
+        raise BackendError(f"{traits.name}: its CPU pieces step over blocks of {pieces.block_size} elements "
+                           f"but the type's blocks hold {traits.block_size}")
+    if traits.vec_dot_type not in ACTIVATION_TYPES:
+        raise BackendError(f"{traits.name}: vec_dot_type {traits.vec_dot_type!r} has no CPU activation "
+                           f"quantizer; the matmul skeleton takes {', '.join(ACTIVATION_TYPES)}")
+    qt = _QUANT_TYPES[traits.name] = _QuantType(traits, pieces, tmpl.register_pieces(traits.name, pieces))
+    return qt
+
+
+def has_kernel(w_type: str) -> bool:
+    """Whether pack_weight takes this type: a float type, or a registered quantized type that either
+    brings CPU pieces or can be decoded (to_float) and so converted once to a float type."""
+    if str(w_type).upper() in SUPPORTED_TYPES:
+        return True
+    try:
+        traits = type_traits(w_type)
+    except UnknownNameError:
+        return False
+    return traits.is_quantized and (cpu_pieces(traits) is not None or traits.to_float is not None)
 
 
 @dataclass(frozen=True, eq=False)
 class PackedWeight:
-    """A weight ready for ``mul_mat``: its type, logical shape and the arrays the kernels read."""
+    """A weight ready for ``mul_mat``: its type, logical shape, the arrays the kernels read, the kernels.
+
+    ``kernel_type`` is the type the kernels run: ``w_type`` itself, or the float type a quantized type
+    with no CPU pieces was converted to once, when packed."""
     w_type: str
     rows: int
     k: int
     arrays: tuple
+    kernel_type: str
+    kind: str                            # the literal the compiled kernels are specialised on
+    vec_dot_type: str | None             # activations' quantized type; None: floats (rounding below)
+    rounding: Callable | None
+    parallel: Kernel
+    serial: Kernel
 
     @property
     def nbytes(self) -> int:
@@ -93,28 +143,50 @@ def pack_weight(w: np.ndarray, w_type: str) -> PackedWeight:
     (rows, k) float32 / float16 / uint16 array.
     """
     w_type = str(w_type).upper()
-    if w_type not in SUPPORTED_TYPES:
-        raise BackendError(f"no CPU matmul kernel for weight type {w_type!r}; kernels exist for "
-                           f"{', '.join(sorted(SUPPORTED_TYPES))} (dequantize to F32 for others)")
     w = np.asarray(w)
     if w.ndim != 2:
         raise ShapeError(f"pack_weight wants a 2-D weight (rows, row bytes), got shape {w.shape}")
     if w_type in _FLOAT:
         return _pack_float(w, w_type)
-    kern = _QUANT[w_type]
+    traits = _known_quant_type(w_type)
     if w.dtype != np.uint8:
         raise ShapeError(f"{w_type} weight must be the raw uint8 block bytes, got dtype {w.dtype}")
     rows, row_bytes = w.shape
-    if row_bytes % kern.type_size:
+    if row_bytes % traits.type_size:
         raise ShapeError(f"{w_type} rows of {row_bytes} bytes are not a whole number of "
-                         f"{kern.type_size}-byte blocks")
-    k = row_bytes // kern.type_size * kern.block_size
-    arrays = kern.pack(np.ascontiguousarray(w), rows, k)
-    return PackedWeight(w_type, rows, k, tuple(arrays))
+                         f"{traits.type_size}-byte blocks")
+    k = row_bytes // traits.type_size * traits.block_size
+    qt = _quant_type(traits)
+    if qt is None:
+        return _pack_converted(w, traits, rows, k)
+    arrays = tuple(qt.pieces.pack(np.ascontiguousarray(w), rows, k))
+    parallel, serial = _quant_entry_points(qt, arrays, k)
+    return PackedWeight(w_type, rows, k, arrays, w_type, qt.kind, traits.vec_dot_type, None, parallel, serial)
 
 
-def _pack_float(w: np.ndarray, w_type: str) -> PackedWeight:
-    dtype, size = _FLOAT[w_type][:2]
+def _known_quant_type(w_type: str) -> TypeTraits:
+    try:
+        traits = type_traits(w_type)
+    except UnknownNameError:
+        traits = None
+    if traits is None or not has_kernel(w_type):
+        raise BackendError(f"no CPU matmul kernel for weight type {w_type!r}; kernels exist for "
+                           f"{', '.join(sorted(SUPPORTED_TYPES))} and registered quantized types that can be "
+                           f"decoded (dequantize to F32 for others)")
+    return traits
+
+
+def _quant_entry_points(qt: _QuantType, arrays: tuple, k: int) -> tuple[Kernel, Kernel]:
+    key = (qt.kind, tuple(typeof(a) for a in arrays))
+    eps = _ENTRY_POINTS.get(key)
+    if eps is None:   # compiled (or loaded from numba's cache) once per type and layout
+        xq, dx, xe = quantize_activations(np.zeros((1, k), np.float32), qt.traits.vec_dot_type)
+        eps = _ENTRY_POINTS[key] = tmpl.entry_points(qt.kind, arrays, xq, dx, xe, np.zeros((1, 1), np.float32))
+    return eps
+
+
+def _pack_float(w: np.ndarray, w_type: str, as_type: str | None = None) -> PackedWeight:
+    dtype, size, rounding = _FLOAT[w_type]
     if w.dtype == np.uint8:
         if w.shape[1] % size:
             raise ShapeError(f"{w_type} rows of {w.shape[1]} bytes are not whole {size}-byte elements")
@@ -124,7 +196,29 @@ def _pack_float(w: np.ndarray, w_type: str) -> PackedWeight:
     elif w.dtype != dtype:
         raise ShapeError(f"{w_type} weight must be uint8 bytes or a {np.dtype(dtype).name} array, got {w.dtype}")
     w = np.ascontiguousarray(w)   # a no-op for the mmap'd views the loader passes
-    return PackedWeight(w_type, w.shape[0], w.shape[1], (w,))
+    key = (w_type, typeof(w))
+    eps = _ENTRY_POINTS.get(key)
+    if eps is None:
+        x = np.zeros((1, w.shape[1]), np.float32)
+        eps = _ENTRY_POINTS[key] = flt.entry_points(w_type, w, x, np.zeros((1, 1), np.float32))
+    return PackedWeight(as_type or w_type, w.shape[0], w.shape[1], (w,), w_type, w_type, None, rounding, *eps)
+
+
+def _pack_converted(w: np.ndarray, traits: TypeTraits, rows: int, k: int) -> PackedWeight:
+    """A quantized type with no CPU pieces: decoded once with its to_float and kept in a float type the
+    kernels run, the GGUF bytes not kept. The float type is the type's vec_dot_type when that is one
+    (F32: 4 bytes per weight, the dot as ggml computes it), else F16 (2 bytes per weight; activations
+    then rounded to F16 rather than to the vec_dot_type: closer to exact than ggml's dot, not bit-equal)."""
+    target = traits.vec_dot_type if traits.vec_dot_type in _FLOAT else "F16"
+    encode = type_traits(target).from_float                # float types: blocks of one element
+    dtype, size, _ = _FLOAT[target]
+    converted = np.empty((rows, k), dtype)
+    step = max(1, (1 << 22) // k)                          # rows per chunk: 16 MiB of float32 at a time
+    for r0 in range(0, rows, step):                        # whole-array steps, bounded memory
+        chunk = np.ascontiguousarray(w[r0:r0 + step]).reshape(-1, traits.type_size)
+        values = traits.to_float(chunk).reshape(-1, 1)
+        converted[r0:r0 + step] = encode(values).view(dtype).reshape(-1, k)
+    return _pack_float(converted, target, as_type=traits.name)
 
 
 def mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
@@ -139,13 +233,11 @@ def mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
     if n == 0 or pw.rows == 0:
         return
     target = out if out.flags.c_contiguous else np.empty((n, pw.rows), np.float32)
-    parallel = n * pw.rows * pw.k >= PARALLEL_MIN_MACS
-    if pw.w_type in _FLOAT:
-        _, _, kernel, serial, rounding = _FLOAT[pw.w_type]
-        (kernel if parallel else serial)(pw.arrays[0], rounding(x) if rounding else x, target)
+    kernel = pw.parallel if n * pw.rows * pw.k >= PARALLEL_MIN_MACS else pw.serial
+    if pw.vec_dot_type is None:
+        kernel(pw.kind, pw.arrays[0], pw.rounding(x) if pw.rounding else x, target)
     else:
-        kern = _QUANT[pw.w_type]
-        (kern.kernel if parallel else kern.serial)(*pw.arrays, *quantize_activations(x, kern.vec_dot_type), target)
+        kernel(pw.kind, pw.arrays, *quantize_activations(x, pw.vec_dot_type), target)
     if target is not out:
         out[...] = target
 
@@ -171,4 +263,5 @@ def quantize_activations(x: np.ndarray, vec_dot_type: str) -> tuple[np.ndarray, 
     return xq, d, extra
 
 
-__all__ = ["SUPPORTED_TYPES", "PackedWeight", "pack_weight", "mul_mat", "quantize_activations", "TILE"]
+__all__ = ["SUPPORTED_TYPES", "PackedWeight", "pack_weight", "mul_mat", "has_kernel", "cpu_pieces",
+           "quantize_activations", "TILE"]

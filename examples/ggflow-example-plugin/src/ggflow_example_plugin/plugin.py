@@ -5,6 +5,7 @@ Importing this module does no work; ggflow calls the hooks when it first builds 
 from ggflow.plugins import hookimpl
 
 from ggflow_example_plugin.backend import ExampleNumpyBackend
+from ggflow_example_plugin.iq4_nl import IQ4_NL
 from ggflow_example_plugin.sampler import ArgMin
 
 
@@ -16,3 +17,8 @@ def register_samplers(register):
 @hookimpl
 def register_backends(register):
     register(ExampleNumpyBackend)
+
+
+@hookimpl
+def register_quant_types(register):
+    register(IQ4_NL)  # a GGUF format with its CPU matmul pieces (iq4_nl.py)

@@ -1,0 +1,55 @@
+"""What a quantized type hands the CPU backend to get a packed, vectorised matmul: its pieces.
+
+Every quantized type, built-in or a plugin's, runs in one skeleton (``_qmm_template``): the weight is
+repacked once into row tiles (``TILE`` rows side by side, see ``_qmm_layout``), activations are quantized
+to the type's ``vec_dot_type`` (Q8_0, Q8_1 or Q8_K, split into int16 values ``xq``, a scale per block
+``dx`` and the per-block extra ``xe``: int32 block sums for Q8_0, f32 d*sum for Q8_1, int32 sums of 16 for
+Q8_K), and the skeleton calls the type's pieces for each block ``b`` of each tile ``t``:
+
+    pack(w_bytes (rows, row_bytes) uint8, rows, k) -> tuple of arrays, each (n_tiles, ..., TILE)
+    block_sums(w, t, b, xq, i, o, part)   one-pass matvec of token i (its block starts at element o):
+                                          part[g, r] = int16 sum of products of group g, rows r < TILE
+    decode(w, t, b, wd)                   batches: block b of tile t as int16 values, wd (block_size, TILE)
+    accumulate(acc, part, w, t, b, dx, xe, i)   acc[r] += the f32 contribution of part (one token's row)
+
+``w`` is the tuple ``pack`` returned. Groups are consecutive runs of ``block_size // groups`` elements
+whose products fit int16 (|q * x| summed over the group below 2**15); for batches the skeleton forms
+the same group sums from ``decode``'s values. The three functions are numba njit functions, best with
+``inline="always"``: the skeleton inlines them and LLVM vectorises the row loops (``for r in range(TILE)``,
+one activation broadcast into TILE rows). ``field``, ``bit_to`` and ``sext8`` cut bit fields in 16-bit
+lanes; ``wide_vectors`` is called by the skeleton. ``examples/ggflow-example-plugin`` (IQ4_NL) is a
+complete plugin type written this way; docs/plugins.md explains the seam.
+
+A type with no pieces still runs: the CPU backend converts its weight once, when it packs it, to F16
+(2 bytes per weight; F32 if that is the type's vec_dot_type) and uses that type's kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8, wide_vectors
+from ggflow.backends_builtin.cpu._qmm_layout import TILE, f16_field, tile_rows
+
+
+@dataclass(frozen=True)
+class BlockPieces:
+    """A quantized type's pieces for the CPU matmul skeleton (see the module docstring)."""
+    block_size: int          # elements per block the skeleton steps over (the type's block size)
+    groups: int              # int16 partial sums per block; an even number dividing block_size
+    pack: Callable[[np.ndarray, int, int], tuple]
+    block_sums: Callable
+    decode: Callable
+    accumulate: Callable
+
+    def __post_init__(self):
+        if self.groups < 2 or self.groups % 2 or self.block_size % self.groups:
+            raise ValueError(f"BlockPieces: groups={self.groups} must be even and divide block_size={self.block_size}")
+
+    def functions(self) -> tuple[Callable, ...]:
+        return self.pack, self.block_sums, self.decode, self.accumulate
+
+
+__all__ = ["BlockPieces", "TILE", "tile_rows", "f16_field", "field", "bit_to", "sext8", "wide_vectors"]
