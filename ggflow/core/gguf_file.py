@@ -174,3 +174,28 @@ class GGUFFile:
     def data(self) -> np.ndarray:
         """The whole file as a read-only uint8 array over the memory map (no copy)."""
         return np.frombuffer(self._mm, dtype=np.uint8)
+
+    def release(self, offset: int, nbytes: int) -> int:
+        """Give back the resident pages of bytes [offset, offset + nbytes) (the whole pages inside that
+        range); returns how many bytes of pages that was.
+
+        For a caller that has copied those bytes (a weight repacked for the kernels): the file's pages
+        otherwise stay in the process's RSS for as long as the map lives. The map is read-only and
+        file-backed, so nothing is lost: a later read (the token embedding's get_rows, when the output
+        matrix shares it) faults its page in again from the page cache.
+
+        MADV_RANDOM first: those later reads are a row here and there, so reading ahead for them is
+        waste; and the range becomes a mapping (VMA) of its own. That matters on kernels that map a
+        whole large page-cache folio (up to 2 MiB) on one fault: a norm weight that is read in place,
+        on a page next to released ones, would otherwise map its neighbours' pages back. The pages at
+        the range's two ends may hold a neighbour, so they stay.
+        """
+        if not isinstance(self._mm, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+            return 0
+        start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end <= start or start >= len(self._mm):
+            return 0
+        self._mm.madvise(mmap.MADV_RANDOM, start, end - start)
+        self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        return end - start

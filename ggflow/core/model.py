@@ -80,7 +80,7 @@ class Model:
         except UnknownNameError as exc:
             raise ModelLoadError(f"{path}: {exc}") from None
         hparams = arch.load_hparams(meta)
-        buffer = HostBuffer(file.data(), "cpu")
+        buffer = HostBuffer(file.data(), "cpu", release=file.release)
         weights = _map_weights(file, buffer)
         w = load_weights(arch.weights, hparams, weights, path)
         return cls(path, file, arch, hparams, weights, w, buffer)
