@@ -51,6 +51,7 @@ class GGUFFile:
             with open(self.path, "rb") as f:
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
             self._parse(keep, tensors)
+            self.release(0, self.pos)   # the header now lives in self.fields; kv_entry re-reads what it needs
         except ModelLoadError:
             raise
         except (ValueError, OSError, struct.error, IndexError, UnicodeDecodeError, OverflowError) as exc:
@@ -199,3 +200,20 @@ class GGUFFile:
         self._mm.madvise(mmap.MADV_RANDOM, start, end - start)
         self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
         return end - start
+
+    def resident_bytes(self, offset: int = 0, nbytes: int | None = None) -> int | None:
+        """How many bytes of the map's pages over [offset, offset + nbytes) this process has resident (the
+        present bit of /proc/self/pagemap: pages mapped here, not merely in the page cache, which mincore
+        would count); None where the kernel does not say (not Linux)."""
+        if not isinstance(self._mm, mmap.mmap):
+            return 0
+        nbytes = len(self._mm) - offset if nbytes is None else nbytes
+        base = np.frombuffer(self._mm, np.uint8).ctypes.data
+        first, end = (base + offset) // mmap.PAGESIZE, -(-(base + offset + nbytes) // mmap.PAGESIZE)
+        try:
+            with open("/proc/self/pagemap", "rb") as f:
+                f.seek(first * 8)
+                entries = np.frombuffer(f.read((end - first) * 8), np.uint64)
+        except OSError:
+            return None
+        return int(np.count_nonzero(entries >> np.uint64(63))) * mmap.PAGESIZE
