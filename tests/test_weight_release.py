@@ -1,11 +1,12 @@
 """A weight the CPU backend packs into a copy gives its memory-mapped file pages back; one it reads in place
 keeps them; and the model computes the same logits either way.
 
-Residency is read from /proc/self/pagemap (GGFUFile.resident_bytes): the pages mapped in this process,
+Residency is read from /proc/self/pagemap (GGUFFile.resident_bytes): the pages mapped in this process,
 which is what RSS counts. The models are the shared tiny ones (../shared/models).
 """
 from __future__ import annotations
 
+import json
 import math
 import mmap
 from pathlib import Path
@@ -24,10 +25,14 @@ PAGE = mmap.PAGESIZE
 pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared test models not found at {SHARED}")
 
 
+def skip_without_pagemap(file: GGUFFile) -> None:
+    if file.resident_bytes() is None:
+        pytest.skip("the kernel does not report page residency (/proc/self/pagemap, Linux only)")
+
+
 def loaded(name: str) -> Model:
     model = Model.load(SHARED / f"{name}.gguf")
-    if model.file.resident_bytes() is None:
-        pytest.skip("the kernel does not report page residency (/proc/self/pagemap, Linux only)")
+    skip_without_pagemap(model.file)
     int(model.file.data().sum())   # fault every page in: the packer would have read them anyway
     return model
 
@@ -87,8 +92,7 @@ def test_the_logits_do_not_change_when_the_pages_are_released(monkeypatch):
 
 def test_release_drops_the_whole_pages_inside_the_range_and_the_bytes_read_back_the_same():
     file = GGUFFile(SHARED / "tiny-llama-hs-f32.gguf")
-    if file.resident_bytes() is None:
-        pytest.skip("the kernel does not report page residency (/proc/self/pagemap, Linux only)")
+    skip_without_pagemap(file)
     info = max(file.tensors, key=lambda t: math.prod(t.ne))
     offset, nbytes = info.offset + 100, 4 * math.prod(info.ne) - 200   # ends inside pages on purpose
     data = file.data()
@@ -104,9 +108,19 @@ def test_release_drops_the_whole_pages_inside_the_range_and_the_bytes_read_back_
 
 def test_the_header_pages_go_once_the_metadata_is_read():
     file = GGUFFile(SHARED / "tiny-llama-hs-q4_k_m.gguf")
-    if file.resident_bytes() is None:
-        pytest.skip("the kernel does not report page residency (/proc/self/pagemap, Linux only)")
+    skip_without_pagemap(file)
     whole_pages = file.pos // PAGE * PAGE
     assert whole_pages >= PAGE
     assert file.resident_bytes(0, whole_pages) == 0
     assert file.kv_entry("general.architecture").endswith(b"llama")   # read again from the file
+
+
+def test_bench_reports_how_little_of_the_file_stays_mapped(capsys):
+    from ggflow.cli import main
+
+    path = SHARED / "tiny-llama-hs-q4_k_m.gguf"
+    assert main(["bench", "-m", str(path), "-p", "4", "-n", "2", "-r", "1", "-t", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    skip_without_pagemap(GGUFFile(path))
+    assert report["model_mapped_mb"] < 0.25 * report["size_mb"]
+    assert report["peak_rss_mb"] > report["model_mapped_mb"]
