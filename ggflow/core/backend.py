@@ -137,7 +137,8 @@ class Backend(ABC):
 
     def prepare_weight(self, tensor: Tensor) -> None:
         """Optional hook, called once per weight at load by the default ``adopt_weights`` (e.g. to repack
-        its blocks into a layout the kernels read fast, instead of on the first compute)."""
+        its blocks into a layout the kernels read fast, instead of on the first compute). A backend that
+        keeps such a copy calls ``tensor.buffer.release(tensor.offset, tensor.nbytes)`` after it."""
 
     def adopt_weights(self, weights: Mapping[str, Tensor]) -> None:
         """Optional hook: take over model weights (which load as views of the host memory map), before
