@@ -197,8 +197,11 @@ class GGUFFile:
         end = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
         if end <= start or start >= len(self._mm):
             return 0
-        self._mm.madvise(mmap.MADV_RANDOM, start, end - start)
-        self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        try:
+            self._mm.madvise(mmap.MADV_RANDOM, start, end - start)
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except OSError:   # a hint the system refused: the pages just stay
+            return 0
         return end - start
 
     def resident_bytes(self, offset: int = 0, nbytes: int | None = None) -> int | None:
