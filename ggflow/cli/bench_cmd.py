@@ -70,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
                         "stddev": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
                         "median": statistics.median(speeds), "runs": speeds})
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # the part of the file still mapped in: weights packed into a copy have given their pages back
+    mapped = model.file.resident_bytes()
     info = {"model": path.rsplit("/", 1)[-1], "size_mb": model.size_bytes / 2**20,
+            "model_mapped_mb": None if mapped is None else mapped / 2**20,
             "params_m": model.n_params / 1e6, "backend": ",".join(b.name for b in ctx.backends),
             "threads": args.threads, "kv_cache_mb": ctx.memory.nbytes / 2**20, "peak_rss_mb": peak_rss_mb,
             "results": results}
@@ -83,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"| {'-' * 8} | {'-' * 18} |")
     for r in results:
         print(f"| {r['test']:>8} | {r['tokens_per_second']:8.2f} ± {r['stddev']:7.2f} |")
-    print(f"peak RSS: {peak_rss_mb:.0f} MiB (model file {info['size_mb']:.0f} MiB, KV cache "
+    in_rss = "" if mapped is None else f", {info['model_mapped_mb']:.0f} MiB of it mapped at the end"
+    print(f"peak RSS: {peak_rss_mb:.0f} MiB (model file {info['size_mb']:.0f} MiB{in_rss}, KV cache "
           f"{info['kv_cache_mb']:.1f} MiB)", file=sys.stderr)
     return 0

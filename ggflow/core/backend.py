@@ -38,14 +38,23 @@ class Buffer(ABC):
     def read(self, offset: int, nbytes: int) -> np.ndarray:
         """Copy nbytes at a byte offset out to a new uint8 host array."""
 
+    def release(self, offset: int, nbytes: int) -> int:
+        """A hint that no one reads these bytes where they are any more (their owner keeps a copy):
+        memory that can give them back does, and stays readable. Returns the bytes given back."""
+        return 0
+
 
 class HostBuffer(Buffer):
     """Host memory: a numpy uint8 array, either owned or a view (e.g. of a memory-mapped GGUF file)."""
 
-    def __init__(self, array: np.ndarray, backend_name: str = "cpu"):
+    def __init__(self, array: np.ndarray, backend_name: str = "cpu",
+                 release: Callable[[int, int], int] | None = None):
+        """release: how a view of a memory map drops a range's resident pages (GGUFFile.release); owned
+        memory has none (dropping its pages would lose the data)."""
         self.array = array if array.dtype == np.uint8 else array.view(np.uint8)
         self.size = self.array.nbytes
         self.backend_name = backend_name
+        self._release = release
 
     @classmethod
     def allocate(cls, size: int, backend_name: str = "cpu", alignment: int = 64) -> "HostBuffer":
@@ -67,6 +76,9 @@ class HostBuffer(Buffer):
 
     def read(self, offset: int, nbytes: int) -> np.ndarray:
         return self.array[offset:offset + nbytes].copy()
+
+    def release(self, offset: int, nbytes: int) -> int:
+        return self._release(offset, nbytes) if self._release is not None else 0
 
 
 @dataclass(frozen=True)
@@ -125,7 +137,8 @@ class Backend(ABC):
 
     def prepare_weight(self, tensor: Tensor) -> None:
         """Optional hook, called once per weight at load by the default ``adopt_weights`` (e.g. to repack
-        its blocks into a layout the kernels read fast, instead of on the first compute)."""
+        its blocks into a layout the kernels read fast, instead of on the first compute). A backend that
+        keeps such a copy calls ``tensor.buffer.release(tensor.offset, tensor.nbytes)`` after it."""
 
     def adopt_weights(self, weights: Mapping[str, Tensor]) -> None:
         """Optional hook: take over model weights (which load as views of the host memory map), before

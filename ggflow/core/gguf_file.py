@@ -51,6 +51,7 @@ class GGUFFile:
             with open(self.path, "rb") as f:
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
             self._parse(keep, tensors)
+            self.release(0, self.pos)   # the header now lives in self.fields; kv_entry re-reads what it needs
         except ModelLoadError:
             raise
         except (ValueError, OSError, struct.error, IndexError, UnicodeDecodeError, OverflowError) as exc:
@@ -174,3 +175,48 @@ class GGUFFile:
     def data(self) -> np.ndarray:
         """The whole file as a read-only uint8 array over the memory map (no copy)."""
         return np.frombuffer(self._mm, dtype=np.uint8)
+
+    def release(self, offset: int, nbytes: int) -> int:
+        """Give back the resident pages of bytes [offset, offset + nbytes) (the whole pages inside that
+        range); returns how many bytes of pages that was.
+
+        For a caller that has copied those bytes (a weight repacked for the kernels): the file's pages
+        otherwise stay in the process's RSS for as long as the map lives. The map is read-only and
+        file-backed, so nothing is lost: a later read (the token embedding's get_rows, when the output
+        matrix shares it) faults its page in again from the page cache.
+
+        MADV_RANDOM first: those later reads are a row here and there, so reading ahead for them is
+        waste; and the range becomes a mapping (VMA) of its own. That matters on kernels that map a
+        whole large page-cache folio (up to 2 MiB) on one fault: a norm weight that is read in place,
+        on a page next to released ones, would otherwise map its neighbours' pages back. The pages at
+        the range's two ends may hold a neighbour, so they stay.
+        """
+        if not isinstance(self._mm, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+            return 0
+        start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end <= start or start >= len(self._mm):
+            return 0
+        try:
+            self._mm.madvise(mmap.MADV_RANDOM, start, end - start)
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except OSError:   # a hint the system refused: the pages just stay
+            return 0
+        return end - start
+
+    def resident_bytes(self, offset: int = 0, nbytes: int | None = None) -> int | None:
+        """How many bytes of the map's pages over [offset, offset + nbytes) this process has resident (the
+        present bit of /proc/self/pagemap: pages mapped here, not merely in the page cache, which mincore
+        would count); None where the kernel does not say (not Linux)."""
+        if not isinstance(self._mm, mmap.mmap):
+            return 0
+        nbytes = len(self._mm) - offset if nbytes is None else nbytes
+        base = np.frombuffer(self._mm, np.uint8).ctypes.data
+        first, end = (base + offset) // mmap.PAGESIZE, -(-(base + offset + nbytes) // mmap.PAGESIZE)
+        try:
+            with open("/proc/self/pagemap", "rb") as f:
+                f.seek(first * 8)
+                entries = np.frombuffer(f.read((end - first) * 8), np.uint64)
+        except OSError:
+            return None
+        return int(np.count_nonzero(entries >> np.uint64(63))) * mmap.PAGESIZE

@@ -1,7 +1,8 @@
 """Model: a GGUF file opened as hyperparameters, memory-mapped weights and an architecture.
 
 Weights are views into the memory map (no copy, no dequantization at load): each is a Tensor whose
-buffer is one HostBuffer over the whole mapped file, at the tensor's data offset. The header is read
+buffer is one HostBuffer over the whole mapped file, at the tensor's data offset. A backend that copies a
+weight (packs or uploads it) calls ``buffer.release``, and the file gives those pages back. The header is read
 by ggflow.core.gguf_file (milliseconds, where gguf.GGUFReader takes seconds on a large vocabulary). The architecture is
 looked up in the plugin registry by ``general.architecture``; it reads its hyperparameters and declares
 its weights as a record (ggflow.core.weights), which the loader checks the file against and fills with
@@ -80,7 +81,7 @@ class Model:
         except UnknownNameError as exc:
             raise ModelLoadError(f"{path}: {exc}") from None
         hparams = arch.load_hparams(meta)
-        buffer = HostBuffer(file.data(), "cpu")
+        buffer = HostBuffer(file.data(), "cpu", release=file.release)
         weights = _map_weights(file, buffer)
         w = load_weights(arch.weights, hparams, weights, path)
         return cls(path, file, arch, hparams, weights, w, buffer)

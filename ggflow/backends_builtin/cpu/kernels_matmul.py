@@ -58,7 +58,12 @@ def load_quant_matmul() -> ModuleType | None:
 
 # -- fast path: packed weights ---------------------------------------------------------------------
 class PackedWeights:
-    """Weights packed for quant_matmul, one pack per 2-D matrix, cached per tensor."""
+    """Weights packed for quant_matmul, one pack per 2-D matrix, cached per tensor.
+
+    A weight packed into a copy (the quantized types) gives its memory-mapped pages back
+    (``Buffer.release``): the kernels never read them again, and the process would otherwise hold the
+    file and its packed copy both. F32/F16/BF16 packs are the mapped bytes themselves and keep them.
+    """
 
     def __init__(self, kernels: ModuleType | None):
         self.kernels = kernels
@@ -79,6 +84,8 @@ class PackedWeights:
             packs = [[self.kernels.pack_weight(w[i3, i2], t.type.name) for i2 in range(w.shape[1])]
                      for i3 in range(w.shape[0])]
             cached = self._packs[t] = (address, packs)
+            if not any(np.may_share_memory(a, w) for row in packs for pack in row for a in pack.arrays):
+                t.buffer.release(t.offset, t.nbytes)   # packed into a copy: the file's pages can go
         return cached[1]
 
     def __len__(self) -> int:

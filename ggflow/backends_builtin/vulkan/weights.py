@@ -2,7 +2,8 @@
 
 Weights arrive as views of the GGUF memory map. Those the kernels can read (a type get_rows and mul_mat
 have variants for, whole in host memory) are packed into device buffers of at most one allocation each
-and re-pointed there; the rest stay on the host, and the scheduler runs their consumers on the CPU.
+and re-pointed there, and the file pages they were read from are given back (Buffer.release); the rest
+stay on the host, and the scheduler runs their consumers on the CPU.
 Weights already in this device's memory (a model adopted by an earlier Context) are left as they are.
 """
 from __future__ import annotations
@@ -56,6 +57,7 @@ def upload_weights(weights: Mapping[str, Tensor], device: VulkanDevice, backend_
             for t, offset in members:
                 host = t.buffer.host_array()  # type: ignore[union-attr]
                 buffer.write(offset, host[t.offset:t.offset + t.nbytes])
+                t.buffer.release(t.offset, t.nbytes)  # type: ignore[union-attr]  (a mapped file's pages go)
                 t.buffer, t.offset = buffer, offset
                 progress.update(t.nbytes)
     return total
