@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import literally, njit, prange, typeof, types
+from numba import literally, njit, prange, types
 from numba.extending import intrinsic, overload
 
 F32 = np.float32
@@ -117,13 +117,14 @@ def _mul_mat_serial(kind, w, x, out):
         _task(kind, w, x, out, task)
 
 
-def entry_points(kind: str, w: np.ndarray, x: np.ndarray, out: np.ndarray):
-    """(parallel, serial) compiled kernels for kind "F32" | "F16" | "BF16", called as f(kind, w, x, out).
+def entry_point(kind: str, parallel: bool, arg_types: tuple):
+    """The compiled parallel or serial kernel for kind "F32" | "F16" | "BF16", called as f(kind, w, x, out)
+    (arg_types: the numba types of w, x, out); compiled (or loaded from the cache) on first use.
 
-    The compiled entry points, not the dispatchers: dispatching a str to a literal specialisation
+    The compiled entry point, not the dispatcher: dispatching a str to a literal specialisation
     re-runs numba's typing on every call (see _qmm_template)."""
-    sig = (types.literal(kind), typeof(w), typeof(x), typeof(out))
-    return _mul_mat_parallel.compile(sig), _mul_mat_serial.compile(sig)
+    sig = (types.literal(kind),) + tuple(arg_types)
+    return (_mul_mat_parallel if parallel else _mul_mat_serial).compile(sig)
 
 
 def round_to_f16(x: np.ndarray) -> np.ndarray:

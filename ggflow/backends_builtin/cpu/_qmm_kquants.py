@@ -250,6 +250,8 @@ def _sum_q6_block(ql, qh, t, b, xq, i, o, part):
 
 
 # ------------------------------------------------------------------------------------------ phase 2
+# numba adds and multiplies int32s in int64; each sum is cast back to I32 so LLVM keeps 32-bit lanes
+# (every sum fits: at most 16 groups of |scale| <= 127 times |group sum| < 2**16)
 @njit(cache=True, inline="always")
 def _acc_q2_k(acc, part, sc, d, dmin, dy, bsums, i, b):
     """ggml: sumf += dall * sum(scale_g * sum_g) - dmin * sum(min_g * bsum_g), scale/min nibbles."""
@@ -258,8 +260,8 @@ def _acc_q2_k(acc, part, sc, d, dmin, dy, bsums, i, b):
         summ = I32(0)
         for g in range(16):
             s = I32(sc[g, r])
-            isum += (s & 15) * I32(part[g, r])
-            summ += (s >> 4) * bsums[i, 16 * b + g]
+            isum = I32(isum + (s & 15) * I32(part[g, r]))
+            summ = I32(summ + (s >> 4) * bsums[i, 16 * b + g])
         acc[r] += (dy * d[r]) * F32(isum) - (dy * dmin[r]) * F32(summ)
 
 
@@ -269,7 +271,7 @@ def _acc_q3_k(acc, part, sc, d, dy, bsums, i, b):
     for r in range(R):
         isum = I32(0)
         for g in range(16):
-            isum += I32(sc[g, r]) * (I32(part[g, r]) - 4 * bsums[i, 16 * b + g])
+            isum = I32(isum + I32(sc[g, r]) * (I32(part[g, r]) - 4 * bsums[i, 16 * b + g]))
         acc[r] += (dy * d[r]) * F32(isum)
 
 
@@ -282,9 +284,9 @@ def _acc_k4(acc, part, per_sub, sc, mn, d, dmin, dy, bsums, i, b):
         for sb in range(8):
             s = I32(0)
             for p in range(per_sub):
-                s += I32(part[per_sub * sb + p, r])
-            isum += I32(sc[sb, r]) * s
-            summ += I32(mn[sb, r]) * (bsums[i, 16 * b + 2 * sb] + bsums[i, 16 * b + 2 * sb + 1])
+                s = I32(s + I32(part[per_sub * sb + p, r]))
+            isum = I32(isum + I32(sc[sb, r]) * s)
+            summ = I32(summ + I32(mn[sb, r]) * (bsums[i, 16 * b + 2 * sb] + bsums[i, 16 * b + 2 * sb + 1]))
         acc[r] += (dy * d[r]) * F32(isum) - (dy * dmin[r]) * F32(summ)
 
 
@@ -293,7 +295,7 @@ def _acc_q6_k(acc, part, sc, d, dy):
     for r in range(R):
         isum = I32(0)
         for g in range(16):
-            isum += I32(sc[g, r]) * (I32(part[2 * g, r]) + I32(part[2 * g + 1, r]))
+            isum = I32(isum + I32(sc[g, r]) * (I32(part[2 * g, r]) + I32(part[2 * g + 1, r])))
         acc[r] += (dy * d[r]) * F32(isum)
 
 

@@ -158,10 +158,11 @@ def _decode_i8(qs, t, b, w):
 
 @njit(cache=True, inline="always")
 def _isum(part, r, ngroups):
-    # a literal group count at each call site: the g loop unrolls inside the vectorized row loop
+    # a literal group count at each call site: the g loop unrolls inside the vectorized row loop.
+    # numba adds int32s in int64; the I32 casts here and at the call sites let LLVM keep 32-bit lanes
     s = I32(0)
     for g in range(ngroups):
-        s += I32(part[g, r])
+        s = I32(s + I32(part[g, r]))
     return s
 
 
@@ -169,7 +170,7 @@ def _isum(part, r, ngroups):
 def _acc_offset(acc, part, ngroups, dw, off, db):
     """Q4_0 / Q5_0 / Q8_0: acc += (isum - off) * d_w * d_x, off = the encoding's offset * sum(x)."""
     for r in range(R):
-        acc[r] += F32(_isum(part, r, ngroups) - off) * (dw[r] * db)
+        acc[r] += F32(I32(_isum(part, r, ngroups) - off)) * (dw[r] * db)
 
 
 @njit(cache=True, inline="always")

@@ -8,15 +8,16 @@ switch, the sums of decoded values, the accumulators and the store, and a parall
 driver around it.
 
 How the pieces reach the skeleton. The drivers take a ``kind`` argument that numba types as a
-string literal (``numba.literally``); the stubs ``_block_sums``, ``_decode``, ... are ``@overload``ed
-and, at typing time, look the literal up in ``_PIECES`` and inline that type's njit piece. So each
-type compiles its own machine code, with the pieces inlined as if written by hand, and numba's
-on-disk cache keeps it: the drivers are module-level functions, not closures (factories that close
-over njit functions never hit numba's cache, 11 s of recompiling per run). numba only checks this
+string literal (``numba.literally``); the tile function ``_tile`` is a stub ``@overload``ed per kind:
+at typing time the overload looks the literal up in ``_PIECES`` and returns the skeleton with that
+type's njit pieces called in it, which numba inlines (``inline="always"``). So each type compiles its
+own machine code, as if its tile function were written by hand, and numba's on-disk cache keeps it:
+the drivers are module-level functions, not closures (factories that close over njit functions never
+hit numba's cache, 11 s of recompiling per run). numba only checks this
 file's timestamp for its cache, so a kind is ``NAME:STAMP`` with STAMP taken from the files the
 pieces come from (``kind_key``): editing a type's pieces changes its key, and so its cache entry.
 
-Calls go to the compiled entry point (``entry_points``), not through the dispatcher: dispatching a
+Calls go to the compiled entry point (``entry_point``), not through the dispatcher: dispatching a
 str argument to a literal specialisation re-runs numba's typing on every call (milliseconds).
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ import warnings
 from typing import Callable
 
 import numpy as np
-from numba import literally, njit, prange, typeof, types
+from numba import literally, njit, prange, types
 from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import overload
 
@@ -66,71 +67,6 @@ def _pieces_of(kind):
     return _PIECES[kind.literal_value]
 
 
-# -- the per-type pieces, resolved at typing time ---------------------------------------------------
-def _block_sums(kind, w, t, b, xq, i, o, part):
-    raise NotImplementedError("only called from compiled kernels")
-
-
-def _decode(kind, w, t, b, wd):
-    raise NotImplementedError("only called from compiled kernels")
-
-
-def _accumulate(kind, acc, part, w, t, b, dx, xe, i):
-    raise NotImplementedError("only called from compiled kernels")
-
-
-def _shape(kind):
-    raise NotImplementedError("only called from compiled kernels")
-
-
-@overload(_block_sums, inline="always")
-def _ov_block_sums(kind, w, t, b, xq, i, o, part):
-    p = _pieces_of(kind)
-    if p is None:
-        return None
-    fn = p.block_sums
-
-    def impl(kind, w, t, b, xq, i, o, part):
-        fn(w, t, b, xq, i, o, part)
-    return impl
-
-
-@overload(_decode, inline="always")
-def _ov_decode(kind, w, t, b, wd):
-    p = _pieces_of(kind)
-    if p is None:
-        return None
-    fn = p.decode
-
-    def impl(kind, w, t, b, wd):
-        fn(w, t, b, wd)
-    return impl
-
-
-@overload(_accumulate, inline="always")
-def _ov_accumulate(kind, acc, part, w, t, b, dx, xe, i):
-    p = _pieces_of(kind)
-    if p is None:
-        return None
-    fn = p.accumulate
-
-    def impl(kind, acc, part, w, t, b, dx, xe, i):
-        fn(acc, part, w, t, b, dx, xe, i)
-    return impl
-
-
-@overload(_shape, inline="always")
-def _ov_shape(kind):
-    p = _pieces_of(kind)
-    if p is None:
-        return None
-    block_size, groups = p.block_size, p.groups
-
-    def impl(kind):
-        return block_size, groups
-    return impl
-
-
 # -- the skeleton -------------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
 def _sum_decoded(wd, xq, i, o, qk, gsize, part):
@@ -153,28 +89,47 @@ def _store_tile(acc, out, i, t):
         out[i, base + r] = acc[r]
 
 
-@njit(cache=True, nogil=True)
 def _tile(kind, t, w, xq, dx, xe, out):
-    wide_vectors()
-    qk, groups = _shape(kind)
-    nb = w[0].shape[1]
-    n = out.shape[0]
-    part = np.empty((groups, R), I16)
-    acc = np.zeros((n, R), F32)
-    if n <= MATVEC_MAX_TOKENS:
-        for i in range(n):
-            for b in range(nb):
-                _block_sums(kind, w, t, b, xq, i, b * qk, part)
-                _accumulate(kind, acc[i], part, w, t, b, dx, xe, i)
-    else:
-        wd = np.empty((qk, R), I16)
-        for b in range(nb):
-            _decode(kind, w, t, b, wd)
+    """Row tile t of out = W x for the type ``kind`` names (compiled per type, see _ov_tile)."""
+    raise NotImplementedError("only called from compiled kernels")
+
+
+@overload(_tile, jit_options={"nogil": True})
+def _ov_tile(kind, t, w, xq, dx, xe, out):
+    """The skeleton, written once; numba compiles it per type with that type's pieces inlined.
+
+    The pieces are plain njit functions with inline="always", called directly here: numba inlines them
+    into this body as it would a hand-written tile function's helpers. (Inlining them through
+    ``@overload(inline="always")`` stubs instead tripled numba's inlining work: Q6_K compiled in 24-34 s
+    instead of 7; not inlining them at all made matvecs 6-30x slower, LLVM vectorizing them alone.)"""
+    p = _pieces_of(kind)
+    if p is None:
+        return None
+    block_sums, decode, accumulate = p.block_sums, p.decode, p.accumulate
+    qk, groups = p.block_size, p.groups
+    gsize = qk // groups
+
+    def impl(kind, t, w, xq, dx, xe, out):
+        wide_vectors()
+        nb = w[0].shape[1]
+        n = out.shape[0]
+        part = np.empty((groups, R), I16)
+        acc = np.zeros((n, R), F32)
+        if n <= MATVEC_MAX_TOKENS:
             for i in range(n):
-                _sum_decoded(wd, xq, i, b * qk, qk, qk // groups, part)
-                _accumulate(kind, acc[i], part, w, t, b, dx, xe, i)
-    for i in range(n):
-        _store_tile(acc[i], out, i, t)
+                for b in range(nb):
+                    block_sums(w, t, b, xq, i, b * qk, part)
+                    accumulate(acc[i], part, w, t, b, dx, xe, i)
+        else:
+            wd = np.empty((qk, R), I16)
+            for b in range(nb):
+                decode(w, t, b, wd)
+                for i in range(n):
+                    _sum_decoded(wd, xq, i, b * qk, qk, gsize, part)
+                    accumulate(acc[i], part, w, t, b, dx, xe, i)
+        for i in range(n):
+            _store_tile(acc[i], out, i, t)
+    return impl
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -194,13 +149,16 @@ def _mul_mat_serial(kind, w, xq, dx, xe, out):
 Kernel = Callable[..., None]
 
 
-def entry_points(kind: str, w: tuple, xq: np.ndarray, dx: np.ndarray, xe: np.ndarray,
-                 out: np.ndarray) -> tuple[Kernel, Kernel]:
-    """(parallel, serial) compiled kernels for these argument types, each called as f(kind, w, xq, dx, xe, out)."""
-    sig = (types.literal(kind),) + tuple(typeof(a) for a in (w, xq, dx, xe, out))
+def entry_point(kind: str, parallel: bool, arg_types: tuple) -> Kernel:
+    """The compiled parallel or serial kernel, called as f(kind, w, xq, dx, xe, out); arg_types: the
+    numba types of (w, xq, dx, xe, out).
+
+    Compiled (or loaded from numba's cache) on first use: a model whose products are all small never
+    pays for its parallel drivers, which cost the most to compile."""
+    sig = (types.literal(kind),) + tuple(arg_types)
     with warnings.catch_warnings():
         # numba's pedantic scope check flags the loop variables of pieces inlined three calls deep
         # ("variable ... is not in scope"); the generated code is unaffected (the outputs are
         # bit-identical to the hand-written kernels this skeleton replaced)
         warnings.simplefilter("ignore", NumbaIRAssumptionWarning)
-        return _mul_mat_parallel.compile(sig), _mul_mat_serial.compile(sig)
+        return (_mul_mat_parallel if parallel else _mul_mat_serial).compile(sig)

@@ -71,8 +71,28 @@ class _QuantType:
     kind: str
 
 
+class _Drivers:
+    """A type's parallel and serial kernels for one argument layout, each compiled (or loaded from
+    numba's cache) on first use."""
+    __slots__ = ("_compile", "_parallel", "_serial")
+
+    def __init__(self, compile: Callable[[bool], Kernel]):
+        self._compile = compile
+        self._parallel: Kernel | None = None
+        self._serial: Kernel | None = None
+
+    def get(self, parallel: bool) -> Kernel:
+        if parallel:
+            if self._parallel is None:
+                self._parallel = self._compile(True)
+            return self._parallel
+        if self._serial is None:
+            self._serial = self._compile(False)
+        return self._serial
+
+
 _QUANT_TYPES: dict[str, _QuantType] = {}
-_ENTRY_POINTS: dict[tuple, tuple[Kernel, Kernel]] = {}   # (kind, argument types) -> (parallel, serial)
+_DRIVERS: dict[tuple, _Drivers] = {}   # (kind, argument types) -> its drivers
 
 
 def cpu_pieces(traits: TypeTraits) -> BlockPieces | None:
@@ -127,8 +147,15 @@ class PackedWeight:
     kind: str                            # the literal the compiled kernels are specialised on
     vec_dot_type: str | None             # activations' quantized type; None: floats (rounding below)
     rounding: Callable | None
-    parallel: Kernel
-    serial: Kernel
+    drivers: _Drivers
+
+    @property
+    def parallel(self) -> Kernel:
+        return self.drivers.get(True)
+
+    @property
+    def serial(self) -> Kernel:
+        return self.drivers.get(False)
 
     @property
     def nbytes(self) -> int:
@@ -160,8 +187,8 @@ def pack_weight(w: np.ndarray, w_type: str) -> PackedWeight:
     if qt is None:
         return _pack_converted(w, traits, rows, k)
     arrays = tuple(qt.pieces.pack(np.ascontiguousarray(w), rows, k))
-    parallel, serial = _quant_entry_points(qt, arrays, k)
-    return PackedWeight(w_type, rows, k, arrays, w_type, qt.kind, traits.vec_dot_type, None, parallel, serial)
+    return PackedWeight(w_type, rows, k, arrays, w_type, qt.kind, traits.vec_dot_type, None,
+                        _quant_drivers(qt, arrays, k))
 
 
 def _known_quant_type(w_type: str) -> TypeTraits:
@@ -176,13 +203,15 @@ def _known_quant_type(w_type: str) -> TypeTraits:
     return traits
 
 
-def _quant_entry_points(qt: _QuantType, arrays: tuple, k: int) -> tuple[Kernel, Kernel]:
-    key = (qt.kind, tuple(typeof(a) for a in arrays))
-    eps = _ENTRY_POINTS.get(key)
-    if eps is None:   # compiled (or loaded from numba's cache) once per type and layout
-        xq, dx, xe = quantize_activations(np.zeros((1, k), np.float32), qt.traits.vec_dot_type)
-        eps = _ENTRY_POINTS[key] = tmpl.entry_points(qt.kind, arrays, xq, dx, xe, np.zeros((1, 1), np.float32))
-    return eps
+def _quant_drivers(qt: _QuantType, arrays: tuple, k: int) -> _Drivers:
+    w_type = typeof(arrays)
+    drivers = _DRIVERS.get((qt.kind, w_type))
+    if drivers is None:   # the types only: a driver must not keep the first weight it saw alive
+        acts = quantize_activations(np.zeros((1, k), np.float32), qt.traits.vec_dot_type)
+        arg_types = (w_type, *(typeof(a) for a in acts), typeof(np.zeros((1, 1), np.float32)))
+        drivers = _DRIVERS[(qt.kind, w_type)] = _Drivers(
+            lambda parallel: tmpl.entry_point(qt.kind, parallel, arg_types))
+    return drivers
 
 
 def _pack_float(w: np.ndarray, w_type: str, as_type: str | None = None) -> PackedWeight:
@@ -196,12 +225,11 @@ def _pack_float(w: np.ndarray, w_type: str, as_type: str | None = None) -> Packe
     elif w.dtype != dtype:
         raise ShapeError(f"{w_type} weight must be uint8 bytes or a {np.dtype(dtype).name} array, got {w.dtype}")
     w = np.ascontiguousarray(w)   # a no-op for the mmap'd views the loader passes
-    key = (w_type, typeof(w))
-    eps = _ENTRY_POINTS.get(key)
-    if eps is None:
-        x = np.zeros((1, w.shape[1]), np.float32)
-        eps = _ENTRY_POINTS[key] = flt.entry_points(w_type, w, x, np.zeros((1, 1), np.float32))
-    return PackedWeight(as_type or w_type, w.shape[0], w.shape[1], (w,), w_type, w_type, None, rounding, *eps)
+    arg_types = (typeof(w), typeof(np.zeros((1, 1), np.float32)), typeof(np.zeros((1, 1), np.float32)))
+    drivers = _DRIVERS.get((w_type, arg_types[0]))
+    if drivers is None:   # the types only: a driver must not keep the first weight it saw alive
+        drivers = _DRIVERS[(w_type, arg_types[0])] = _Drivers(lambda parallel: flt.entry_point(w_type, parallel, arg_types))
+    return PackedWeight(as_type or w_type, w.shape[0], w.shape[1], (w,), w_type, w_type, None, rounding, drivers)
 
 
 def _pack_converted(w: np.ndarray, traits: TypeTraits, rows: int, k: int) -> PackedWeight:
@@ -233,7 +261,7 @@ def mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
     if n == 0 or pw.rows == 0:
         return
     target = out if out.flags.c_contiguous else np.empty((n, pw.rows), np.float32)
-    kernel = pw.parallel if n * pw.rows * pw.k >= PARALLEL_MIN_MACS else pw.serial
+    kernel = pw.drivers.get(n * pw.rows * pw.k >= PARALLEL_MIN_MACS)
     if pw.vec_dot_type is None:
         kernel(pw.kind, pw.arrays[0], pw.rounding(x) if pw.rounding else x, target)
     else:

@@ -86,7 +86,7 @@ def accumulate(acc, part, w, t, b, dx, xe, i):
     for r in range(TILE):
         s = np.int32(0)
         for g in range(16):
-            s += np.int32(part[g, r])
+            s = np.int32(s + np.int32(part[g, r]))   # numba adds int32s in int64: cast back, 32-bit lanes
         acc[r] += np.float32(s) * (d[t, b, r] * db)
 
 
