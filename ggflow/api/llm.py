@@ -139,7 +139,9 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
                     break
                 reuse += 1
             reuse = min(reuse, len(tokens) - 1)  # the last token is evaluated again to get its logits
-        ctx.memory.seq_rm(0, reuse, -1)
+        if not ctx.memory.seq_rm(0, reuse, -1):   # the memory cannot continue from there (a window cache)
+            ctx.memory.seq_rm(0, 0, -1)
+            reuse = 0
         self._cached = self._cached[:reuse]
         self._reusable = reuse
         if ctx.decode(Batch.from_tokens(tokens[reuse:], pos0=reuse, all_logits=all_logits)) != 0:
