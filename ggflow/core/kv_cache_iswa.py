@@ -55,6 +55,7 @@ class WindowCache(KVCache):
         super().__init__(hp, size, backend, type_k, type_v, n_seq_max, swa, layer_rope, layers=swa.layers)
         self.n_swa = swa.n_swa
         self._written: list[np.ndarray] = []   # cells the open batch's applied ubatches wrote
+        self._kept: tuple[np.ndarray, list[np.ndarray]] | None = None   # rows a rollback puts back
 
     def _free_cells(self, pos: np.ndarray, seq: np.ndarray) -> np.ndarray:
         owners = seq.sum(axis=1)
@@ -74,8 +75,20 @@ class WindowCache(KVCache):
         pos[~seq.any(axis=1)] = -1
 
     def place(self, ubatches):
+        placed = super().place(ubatches)
         self._written = []
-        return super().place(ubatches)
+        self._kept = self._save_window_rows(placed[0]) if placed is not None else None
+        return placed
+
+    def _save_window_rows(self, steps) -> tuple[np.ndarray, list[np.ndarray]] | None:
+        """The rows of cells the batch overwrites while they are still in their sequence's window now: a
+        later ubatch of a long batch may reuse them, and a rollback must give them back."""
+        written = np.unique(np.concatenate([slot.cells for _, slot in steps]))
+        seen = ~self._free_cells(self.pos, self.seq)[written] & (self.pos[written] >= 0)
+        cells = written[seen]
+        if not len(cells):
+            return None
+        return cells, [self._rows(t)[cells].copy() for t in self.k + self.v]
 
     def apply_slot(self, slot: Slot) -> None:
         super().apply_slot(slot)
@@ -83,14 +96,22 @@ class WindowCache(KVCache):
         self._written.append(slot.cells)
 
     def _restore(self, saved: Cells) -> None:
-        """The cells as begin found them, but for those the batch overwrote: their rows are gone."""
+        """The cells as begin found them. Those the batch overwrote that were in a window get their rows
+        back; the others (out of every window) stay forgotten, their rows gone."""
         pos, seq = saved.pos.copy(), saved.seq.copy()
         if self._written:
-            self._evict(pos, seq, np.unique(np.concatenate(self._written)))
+            written = np.unique(np.concatenate(self._written))
+            if self._kept is not None:
+                cells, rows = self._kept
+                for tensor, kept in zip(self.k + self.v, rows):
+                    data = self._rows(tensor)
+                    data[cells] = kept
+                    self.backend.set_tensor(tensor, data)
+                written = np.setdiff1d(written, cells)
+            self._evict(pos, seq, written)
         self.pos, self.seq = pos, seq
         self._free_empty()
-        self._written = []
-
+        self._written, self._kept = [], None
 
 @dataclass
 class IswaSlot:
