@@ -4,7 +4,8 @@ cell for every layer and masks the local layers' window.
 The tiny llama (2 layers) with layer 0 local, a window of 8 positions, ubatches of 16: the window cache is
 padded to 256 cells, so a 600-token sequence wraps it twice. Until the window cache first reuses a cell its
 cells are the full cache's and the logits are the same bits; after, the local layer adds the same terms in
-another cell order, so they agree to rounding: TOL, relative to the largest logit (measured: 2.8e-7 on one sequence, 3.2e-7 on three).
+another cell order, so they agree to rounding: TOL, relative to the largest logit (measured: 2.8e-7 on one
+sequence, 3.2e-7 on three).
 """
 from __future__ import annotations
 

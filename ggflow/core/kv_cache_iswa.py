@@ -29,7 +29,7 @@ from ggflow.core import ops
 from ggflow.core.backend import Backend
 from ggflow.core.batch import UBatch
 from ggflow.core.kv_cache import Cells, KVCache
-from ggflow.core.memory import MAX_SEQ, N_KV_PAD, KVInputs, Memory, MemoryBatch, SlidingWindow, Slot
+from ggflow.core.memory import MAX_SEQ, KVInputs, Memory, MemoryBatch, SlidingWindow, Slot
 from ggflow.core.model import HParams
 from ggflow.core.tensor import Tensor
 from ggflow.errors import GGFlowError
@@ -74,13 +74,13 @@ class WindowCache(KVCache):
             seq[seq[:, s] & (pos <= last[owner == s].max()), s] = False
         pos[~seq.any(axis=1)] = -1
 
-    def place(self, ubatches):
+    def place(self, ubatches: Iterable[UBatch]):
         placed = super().place(ubatches)
         self._written = []
         self._kept = self._save_window_rows(placed[0]) if placed is not None else None
         return placed
 
-    def _save_window_rows(self, steps) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    def _save_window_rows(self, steps: list[tuple[UBatch, Slot]]) -> tuple[np.ndarray, list[np.ndarray]] | None:
         """The rows of cells the batch overwrites while they are still in their sequence's window now: a
         later ubatch of a long batch may reuse them, and a rollback must give them back."""
         written = np.unique(np.concatenate([slot.cells for _, slot in steps]))
@@ -113,6 +113,7 @@ class WindowCache(KVCache):
         self._free_empty()
         self._written, self._kept = [], None
 
+
 @dataclass
 class IswaSlot:
     """Where a ubatch goes in each of the two caches."""
@@ -122,10 +123,6 @@ class IswaSlot:
     @property
     def n_kv(self) -> tuple[int, int]:
         return self.base.n_kv, self.swa.n_kv
-
-    @property
-    def cells(self) -> np.ndarray:
-        return self.base.cells
 
 
 @dataclass
