@@ -235,3 +235,23 @@ def test_an_iswa_cache_needs_a_local_layer(path):
     with pytest.raises(GGFlowError, match="at least one sliding-window layer"):
         IswaCache(model.hparams, 64, CPUBackend(BackendOptions(n_threads=1)), "F32", "F32",
                   SlidingWindow(8, frozenset()), 16)
+
+
+def test_an_llm_evaluates_the_whole_prompt_where_the_window_cache_cannot_continue_the_shared_prefix(
+        path, monkeypatch):
+    from ggflow.api.llm import LLM
+    monkeypatch.setattr(type(Model.load(path).arch), "create_memory",
+                        lambda self, hp, n_ctx, backend, tk, tv, n_ub: IswaCache(hp, n_ctx, backend, tk, tv, WINDOW, n_ub))
+
+    def llm():
+        return LLM(path, n_ctx=N_CTX, n_ubatch=N_UBATCH, backend="cpu", n_threads=1, type_k="F32", type_v="F32")
+
+    cached = llm()
+    cached.eval_prompt(TOKENS[:400])
+    near, reused = cached.eval_prompt(TOKENS[:395] + [7, 8])   # 395's window is still cached
+    assert reused == 395
+    _close(near, llm().eval_prompt(TOKENS[:395] + [7, 8])[0])
+    cached.eval_prompt(TOKENS[:400])
+    far, reused = cached.eval_prompt(TOKENS[:100] + [7, 8])    # 100's window is not: evaluate it all
+    assert reused == 0
+    np.testing.assert_array_equal(far, llm().eval_prompt(TOKENS[:100] + [7, 8])[0])
