@@ -175,7 +175,12 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
         if n_discard == 0:
             raise ContextFullError(f"the context is full and n_keep={self.n_keep} leaves nothing to discard")
         memory.seq_rm(0, n_keep, n_keep + n_discard)
-        memory.seq_add(0, n_keep + n_discard, n_past, -n_discard)
+        try:
+            memory.seq_add(0, n_keep + n_discard, n_past, -n_discard)
+        except GGFlowError as e:   # a window-sized cache that cannot shift: the sequence is not whole now
+            memory.seq_rm(0, 0, -1)
+            self._cached, self._reusable = [], 0
+            raise ContextFullError(f"the context is full and cannot be shifted: {e}") from None
         del self._cached[n_keep: n_keep + n_discard]
         self._reusable = min(self._reusable, n_keep)  # the shifted tail attended to what is gone
 
