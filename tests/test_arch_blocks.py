@@ -274,7 +274,7 @@ def test_layer_rope_needs_one_entry_per_layer():
 def _windowed(model, monkeypatch, n_swa: int) -> None:
     """Make every layer of the model's architecture a sliding-window layer of n_swa positions."""
     window = SlidingWindow(n_swa, frozenset(range(model.hparams.n_layer)))
-    monkeypatch.setattr(model.arch, "create_memory", lambda hp, n_ctx, backend, type_k, type_v: KVCache(
+    monkeypatch.setattr(model.arch, "create_memory", lambda hp, n_ctx, backend, type_k, type_v, n_ubatch: KVCache(
         hp, n_ctx, backend, type_k, type_v, swa=window))
 
 

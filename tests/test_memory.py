@@ -119,13 +119,13 @@ def with_memory(model: Model, create_memory) -> Model:
 def test_the_context_keeps_the_memory_its_architecture_creates(tiny_model_path):
     made = []
 
-    def create_memory(self, hp, n_ctx, backend, type_k, type_v):
-        made.append((n_ctx, type_k, type_v))
+    def create_memory(self, hp, n_ctx, backend, type_k, type_v, n_ubatch):
+        made.append((n_ctx, type_k, type_v, n_ubatch))
         return RecordingCache(hp, n_ctx, backend, type_k, type_v)
 
     model = with_memory(Model.load(tiny_model_path("llama")), create_memory)
     ctx = ctx_for(model, n_ctx=32)
-    assert made == [(32, "F32", "F32")] and isinstance(ctx.memory, RecordingCache)
+    assert made == [(32, "F32", "F32", 32)] and isinstance(ctx.memory, RecordingCache)
     assert ctx.decode(Batch.from_tokens(TOKENS[:4])) == DECODE_OK
     n_layer = model.hparams.n_layer
     assert ctx.memory.calls[0] == "begin"

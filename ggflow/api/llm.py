@@ -139,7 +139,9 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
                     break
                 reuse += 1
             reuse = min(reuse, len(tokens) - 1)  # the last token is evaluated again to get its logits
-        ctx.memory.seq_rm(0, reuse, -1)
+        if not ctx.memory.seq_rm(0, reuse, -1):   # the memory cannot continue from there (a window cache)
+            ctx.memory.seq_rm(0, 0, -1)
+            reuse = 0
         self._cached = self._cached[:reuse]
         self._reusable = reuse
         if ctx.decode(Batch.from_tokens(tokens[reuse:], pos0=reuse, all_logits=all_logits)) != 0:
@@ -173,7 +175,12 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
         if n_discard == 0:
             raise ContextFullError(f"the context is full and n_keep={self.n_keep} leaves nothing to discard")
         memory.seq_rm(0, n_keep, n_keep + n_discard)
-        memory.seq_add(0, n_keep + n_discard, n_past, -n_discard)
+        try:
+            memory.seq_add(0, n_keep + n_discard, n_past, -n_discard)
+        except GGFlowError as e:   # a window-sized cache that cannot shift: the sequence is not whole now
+            memory.seq_rm(0, 0, -1)
+            self._cached, self._reusable = [], 0
+            raise ContextFullError(f"the context is full and cannot be shifted: {e}") from None
         del self._cached[n_keep: n_keep + n_discard]
         self._reusable = min(self._reusable, n_keep)  # the shifted tail attended to what is gone
 

@@ -31,10 +31,13 @@ class Architecture(ABC):
     def build_graph(self, b: "GraphBuilder") -> "Tensor":
         """Build the forward pass for one ubatch from the builder's blocks; return logits [n_vocab, n_outputs]."""
 
-    def create_memory(self, hp: HParams, n_ctx: int, backend: "Backend", type_k: str, type_v: str) -> "Memory":
-        """The memory a Context keeps for this architecture: n_ctx cells in the backend's memory.
+    def create_memory(self, hp: HParams, n_ctx: int, backend: "Backend", type_k: str, type_v: str,
+                      n_ubatch: int) -> "Memory":
+        """The memory a Context keeps for this architecture: n_ctx cells in the backend's memory, written
+        n_ubatch tokens at most at a time (what a window-sized cache must hold beyond the window).
 
-        The unified KV cache by default; a sliding-window or hybrid model returns its own ``Memory``."""
+        The unified KV cache by default; a sliding-window model returns ``kv_cache_iswa.IswaCache``, a
+        hybrid one its own ``Memory``."""
         from ggflow.core.kv_cache import KVCache
         return KVCache(hp, n_ctx, backend, type_k, type_v)
 

@@ -50,7 +50,8 @@ class Context:
         # the KV cache lives on the first backend that can write its rows (placement.py); the CPU otherwise
         writes = kv_writes(model.hparams, self.n_ctx, self.n_ubatch, type_k, type_v)
         self.memory_backend = memory_backend(self.backends, writes)
-        self.memory = model.arch.create_memory(model.hparams, self.n_ctx, self.memory_backend, type_k, type_v)
+        self.memory = model.arch.create_memory(model.hparams, self.n_ctx, self.memory_backend, type_k, type_v,
+                                               self.n_ubatch)
         if not isinstance(self.memory, Memory):
             raise PluginError(f"{type(model.arch).__name__}.create_memory returned a {type(self.memory).__name__}, "
                               f"not a ggflow.core.memory.Memory")

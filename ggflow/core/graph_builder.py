@@ -110,8 +110,9 @@ class GraphBuilder:
         """
         mem, inp = self.memory, self.inp_memory
         # The writes are expanded first so every read below comes after them in the graph order.
-        self.graph.expand(mem.cpy_k(il, k, inp.kv_idxs))
-        self.graph.expand(mem.cpy_v(il, v, inp.kv_idxs))
+        idxs = mem.kv_idxs(il, inp)                                              # this layer's cells
+        self.graph.expand(mem.cpy_k(il, k, idxs))
+        self.graph.expand(mem.cpy_v(il, v, idxs))
         keys, values = mem.get_k(il, self.n_kv), mem.get_v(il, self.n_kv)    # [hd, n_head_kv, n_kv]
         q = ops.permute(q, 0, 2, 1, 3)                                           # [hd, n_tokens, n_head]
         keys = ops.permute(keys, 0, 2, 1, 3)                                     # [hd, n_kv, n_head_kv]

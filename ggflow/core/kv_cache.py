@@ -8,13 +8,13 @@ a sequence's result the same bits whether it ran alone or among others (after pr
 graph attends over the first ``n_kv`` cells (padded, so the graph's shape changes rarely) and the mask
 says which of them each token sees.
 With a ``SlidingWindow``, the local layers read a second mask that also hides the cells beyond the window
-(every layer keeps every cell: a window-sized cache for the local layers, as llama.cpp's iswa cache, is
-not built yet).
+(every layer keeps every cell; kv_cache_iswa.py gives the local layers a window-sized cache instead).
+A cache may hold some of the model's layers only (``layers``): the iswa memory is two such caches.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -44,26 +44,31 @@ class Cells:
 class KVCache(Memory):
     def __init__(self, hp: HParams, size: int, backend: Backend, type_k: str = "F16", type_v: str = "F16",
                  n_seq_max: int = MAX_SEQ, swa: SlidingWindow | None = None,
-                 layer_rope: Sequence[tuple[float, float]] | None = None):
+                 layer_rope: Sequence[tuple[float, float]] | None = None, layers: Iterable[int] | None = None):
         """swa: the sliding-window layers, which read a windowed mask. layer_rope: each layer's RoPE
-        (freq_base, freq_scale) where layers differ (the K-shift must re-rotate as the graph rotated)."""
+        (freq_base, freq_scale) where layers differ (the K-shift must re-rotate as the graph rotated).
+        layers: the layers this cache holds K/V for (default: every layer); k and v list theirs, in order."""
         if size <= 0:
             raise GGFlowError(f"KV cache size must be positive, got {size}")
         if layer_rope is not None and len(layer_rope) != hp.n_layer:
             raise GGFlowError(f"layer_rope has {len(layer_rope)} entries for {hp.n_layer} layers")
+        self.layers = tuple(range(hp.n_layer)) if layers is None else tuple(sorted(set(layers)))
+        if any(not 0 <= il < hp.n_layer for il in self.layers):
+            raise GGFlowError(f"layers {list(self.layers)} are not all in [0, {hp.n_layer})")
         self.hp, self.size, self.backend, self.n_seq_max = hp, size, backend, n_seq_max
         self.swa = swa
         self.layer_rope = tuple(layer_rope) if layer_rope is not None else \
             ((hp.rope_freq_base, hp.rope_freq_scale),) * hp.n_layer
+        self._index = {il: i for i, il in enumerate(self.layers)}
         self.k = [Tensor(type_k, (hp.n_embd_k_gqa, size), name=f"cache_k_l{il}", flags=TensorFlag.PARAM)
-                  for il in range(hp.n_layer)]
+                  for il in self.layers]
         self.v = [Tensor(type_v, (hp.n_embd_v_gqa, size), name=f"cache_v_l{il}", flags=TensorFlag.PARAM)
-                  for il in range(hp.n_layer)]
+                  for il in self.layers]
         offsets, total = [], 0
         for t in self.k + self.v:
             offsets.append(total)
             total += -(-t.nbytes // backend.alignment) * backend.alignment
-        self.buffer = backend.alloc_buffer(total)
+        self.buffer = backend.alloc_buffer(max(total, backend.alignment))   # no layers: still a buffer
         for t, offs in zip(self.k + self.v, offsets):
             t.buffer, t.offset = self.buffer, offs
         self.nbytes = total
@@ -74,6 +79,12 @@ class KVCache(Memory):
 
     # -- the batch transaction -------------------------------------------------------------------
     def begin(self, ubatches: Iterable[UBatch]) -> MemoryBatch | None:
+        placed = self.place(ubatches)
+        return None if placed is None else MemoryBatch(placed[0], self.apply_slot, placed[1])
+
+    def place(self, ubatches: Iterable[UBatch]) -> tuple[list[tuple[UBatch, Slot]], Callable[[], None]] | None:
+        """``begin``'s work: each ubatch's slot, and the function that puts the cells back as they are now
+        (a memory of several caches places the batch in each and makes one MemoryBatch of them)."""
         pos, seq = self.pos, self.seq
         steps = []
         for ub in ubatches:
@@ -83,15 +94,18 @@ class KVCache(Memory):
             steps.append((ub, slot))
             pos, seq = slot.pos, slot.seq
         saved = self.cells_snapshot()
+        return steps, lambda: self._restore(saved)
 
-        def restore() -> None:
-            self.pos, self.seq = saved.pos, saved.seq
+    def _restore(self, saved: Cells) -> None:
+        self.pos, self.seq = saved.pos, saved.seq
 
-        return MemoryBatch(steps, self._apply, restore)
+    def _free_cells(self, pos: np.ndarray, seq: np.ndarray) -> np.ndarray:
+        """bool [size]: the cells of (pos, seq) a ubatch may be written to."""
+        return pos < 0
 
     def _find_slot(self, ubatch: UBatch, pos: np.ndarray, seq: np.ndarray) -> Slot | None:
         """Free cells of (pos, seq) for the ubatch, with the state after it is written."""
-        free = pos < 0
+        free = self._free_cells(pos, seq)
         if int(free.sum()) < ubatch.n_tokens:
             return None
         cells = np.empty(ubatch.n_tokens, dtype=np.int32)
@@ -105,13 +119,19 @@ class KVCache(Memory):
             cells[rows] = room[: len(rows)]
             free[cells[rows]] = False
         pos, seq = pos.copy(), seq.copy()
+        self._evict(pos, seq, cells)
         pos[cells] = ubatch.pos
         seq[cells, ubatch.seq_id] = True
         used = np.flatnonzero(pos >= 0)
         n_kv = min(self.size, -(-(int(used[-1]) + 1) // N_KV_PAD) * N_KV_PAD)
         return Slot(cells, pos, seq, n_kv)
 
-    def _apply(self, slot: Slot) -> None:
+    def _evict(self, pos: np.ndarray, seq: np.ndarray, cells: np.ndarray) -> None:
+        """Forget, in (pos, seq), what the given cells held before a ubatch is written to them (here they
+        are free: nothing)."""
+
+    def apply_slot(self, slot: Slot) -> None:
+        """Make a placed ubatch's cells the cache's (``MemoryBatch`` does, as it reaches the ubatch)."""
         self.pos, self.seq = slot.pos, slot.seq
 
     def cells_snapshot(self) -> Cells:
@@ -153,17 +173,30 @@ class KVCache(Memory):
             visible &= ubatch.pos[:, None] - pos[None, :] < window
         return np.where(visible, np.float32(0), np.float32(-np.inf))
 
+    def layer_k(self, il: int) -> Tensor:
+        """Layer il's key cache [n_embd_k_gqa, size]."""
+        return self.k[self._layer(il)]
+
+    def layer_v(self, il: int) -> Tensor:
+        """Layer il's value cache [n_embd_v_gqa, size]."""
+        return self.v[self._layer(il)]
+
+    def _layer(self, il: int) -> int:
+        if il not in self._index:
+            raise GGFlowError(f"this KV cache holds layers {list(self.layers)}, not layer {il}")
+        return self._index[il]
+
     def cpy_k(self, il: int, k_cur: Tensor, idxs: Tensor) -> Tensor:
-        return ops.set_rows(self.k[il], ops.reshape(_contiguous(k_cur), self.hp.n_embd_k_gqa, idxs.ne[0]), idxs)
+        return ops.set_rows(self.layer_k(il), ops.reshape(_contiguous(k_cur), self.hp.n_embd_k_gqa, idxs.ne[0]), idxs)
 
     def cpy_v(self, il: int, v_cur: Tensor, idxs: Tensor) -> Tensor:
-        return ops.set_rows(self.v[il], ops.reshape(_contiguous(v_cur), self.hp.n_embd_v_gqa, idxs.ne[0]), idxs)
+        return ops.set_rows(self.layer_v(il), ops.reshape(_contiguous(v_cur), self.hp.n_embd_v_gqa, idxs.ne[0]), idxs)
 
     def get_k(self, il: int, n_kv: int) -> Tensor:
-        return _heads(self.k[il], self.hp.n_embd_head_k, self.hp.n_head_kv, n_kv)
+        return _heads(self.layer_k(il), self.hp.n_embd_head_k, self.hp.n_head_kv, n_kv)
 
     def get_v(self, il: int, n_kv: int) -> Tensor:
-        return _heads(self.v[il], self.hp.n_embd_head_v, self.hp.n_head_kv, n_kv)
+        return _heads(self.layer_v(il), self.hp.n_embd_head_v, self.hp.n_head_kv, n_kv)
 
     # -- sequences ---------------------------------------------------------------------------------
     def _range(self, seq_id: int, p0: int, p1: int) -> np.ndarray:
@@ -234,6 +267,46 @@ class KVCache(Memory):
     @property
     def n_used(self) -> int:
         return int((self.pos >= 0).sum())
+
+    # -- state ---------------------------------------------------------------------------------------
+    def save_seq(self, seq_id: int) -> "KVSeqState":
+        cells = np.flatnonzero(self.seq[:, self._check_seq(seq_id)])
+        return KVSeqState(self.size, cells, self.pos[cells].copy(), self.shift[cells].copy(),
+                          [self._rows(t)[cells].copy() for t in self.k], [self._rows(t)[cells].copy() for t in self.v])
+
+    def load_seq(self, seq_id: int, state: "KVSeqState") -> None:
+        self._check_seq(seq_id)
+        if not isinstance(state, KVSeqState) or state.size != self.size or len(state.k) != len(self.k) or (
+                len(state.k) and state.k[0].shape[1:] != self._rows(self.k[0]).shape[1:]):
+            raise GGFlowError(f"this state was not saved by a KV cache of {self.size} cells and {len(self.k)} "
+                              f"layers of this model")
+        if (self.pos[state.cells] >= 0).any():
+            raise GGFlowError("the cells of the saved state are in use: remove the sequences first (seq_rm)")
+        for tensor, rows in zip(self.k + self.v, state.k + state.v):
+            data = self._rows(tensor)
+            data[state.cells] = rows
+            self.backend.set_tensor(tensor, data)
+        self.pos[state.cells] = state.pos
+        self.seq[state.cells, seq_id] = True
+        self.shift[state.cells] = state.shift
+
+    def _rows(self, tensor: Tensor) -> np.ndarray:
+        return self.backend.get_tensor(tensor).reshape(self.size, -1)
+
+
+@dataclass
+class KVSeqState:
+    """One sequence's cells of a KVCache and their K/V rows (per held layer), as ``save_seq`` copied them."""
+    size: int
+    cells: np.ndarray
+    pos: np.ndarray
+    shift: np.ndarray
+    k: list[np.ndarray]
+    v: list[np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in self.k + self.v) + self.cells.nbytes + self.pos.nbytes)
 
 
 def _contiguous(t: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ def apply_k_shift(kv: "KVCache", scheduler: Scheduler) -> None:
     hp = kv.hp
     shift = ops.new_input("I32", (kv.size,), "inp_k_shift")
     graph = Graph()
-    for il in range(hp.n_layer):
+    for il in kv.layers:
         keys = kv.get_k(il, kv.size)
         freq_base, freq_scale = kv.layer_rope[il]
         rotated = ops.rope(ops.cont(keys), shift, hp.n_rot, hp.rope_type, freq_base=freq_base,

@@ -6,8 +6,9 @@ cells); which of those cells a token may see is the mask, an input tensor the me
 transaction: ``begin`` places every ubatch (no room: ``None``, nothing changed), iterating it applies
 each ubatch's cells, and unless ``commit`` is called every cell goes back as ``begin`` found it.
 
-The unified cache (kv_cache.py) is the built-in memory; an architecture brings another one (a
-sliding-window or hybrid cache) from ``Architecture.create_memory``.
+The unified cache (kv_cache.py) is the built-in memory; kv_cache_iswa.py composes two of them for
+sliding-window models (n_ctx cells for the global layers, a window-sized cache for the local ones, as
+llama.cpp's iswa cache). An architecture brings its memory from ``Architecture.create_memory``.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ class Slot:
     cells: np.ndarray      # int32 [n_tokens]: cell index of each token
     pos: np.ndarray        # int32 [size]: cell positions with the ubatch written
     seq: np.ndarray        # bool [size, n_seq_max]
-    n_kv: int              # cells the graph attends over
+    n_kv: int | tuple[int, ...]   # cells the graph attends over (a memory of two caches: one count each);
+                                  # the graph's shape, so a Context reuses a graph while it is equal
 
 
 @dataclass
@@ -43,6 +45,7 @@ class KVInputs:
     kv_idxs: Tensor        # I32 [n_tokens]: the cell each token's K/V row is written to
     kq_mask: Tensor        # F32 [n_kv, n_tokens]: 0 where a token may attend to a cell, -inf elsewhere
     kq_mask_swa: Tensor | None = None   # the same for sliding-window layers: also -inf beyond the window
+    kv_idxs_swa: Tensor | None = None   # the cells of sliding-window layers, where they have a cache of their own
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,11 @@ class Memory(ABC):
     def input_data(self, inputs: KVInputs, ubatch: UBatch, slot: Slot) -> dict[Tensor, np.ndarray]:
         """The values of ``inputs`` for a ubatch placed at ``slot``."""
 
+    def kv_idxs(self, il: int, inputs: KVInputs) -> Tensor:
+        """The cell indices layer il's K/V rows are written to (a memory whose layers keep different
+        caches gives each layer its own)."""
+        return inputs.kv_idxs
+
     def kq_mask(self, il: int, inputs: KVInputs) -> Tensor:
         """The mask layer il's attention reads: the windowed one for a sliding-window layer, where the
         memory has one (``GraphBuilder.attention`` asks for it per layer)."""
@@ -165,11 +173,12 @@ class Memory(ABC):
         """The set_rows node writing v_cur [head_dim, n_head_kv, n_tokens] of layer il at cells idxs."""
 
     @abstractmethod
-    def get_k(self, il: int, n_kv: int) -> Tensor:
-        """A view of layer il's keys over the first n_kv cells: [head_dim_k, n_head_kv, n_kv]."""
+    def get_k(self, il: int, n_kv) -> Tensor:
+        """A view of layer il's keys over the first n_kv cells: [head_dim_k, n_head_kv, n_kv] (n_kv: the
+        slot's; a memory with a tuple there picks layer il's count)."""
 
     @abstractmethod
-    def get_v(self, il: int, n_kv: int) -> Tensor:
+    def get_v(self, il: int, n_kv) -> Tensor:
         """A view of layer il's values over the first n_kv cells: [head_dim_v, n_head_kv, n_kv]."""
 
     # -- sequences ---------------------------------------------------------------------------------
@@ -179,7 +188,10 @@ class Memory(ABC):
 
     @abstractmethod
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
-        """Forget positions [p0, p1) of a sequence (seq_id < 0: of every one; p1 < 0: to the end)."""
+        """Forget positions [p0, p1) of a sequence (seq_id < 0: of every one; p1 < 0: to the end).
+
+        False, with nothing changed, when the memory cannot forget part of a sequence and still continue
+        it (a window-sized cache that no longer holds the window before p0): remove it all instead."""
 
     @abstractmethod
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
@@ -200,6 +212,15 @@ class Memory(ABC):
     @abstractmethod
     def seq_pos_max(self, seq_id: int) -> int:
         """The highest position the sequence holds; -1 if none."""
+
+    # -- state ---------------------------------------------------------------------------------------
+    def save_seq(self, seq_id: int):
+        """A copy of one sequence's cells and their K/V (an object with ``nbytes``), for ``load_seq``."""
+        raise GGFlowError(f"{type(self).__name__} cannot save a sequence's state")
+
+    def load_seq(self, seq_id: int, state) -> None:
+        """Put back what ``save_seq`` copied, into free cells (remove the sequence first)."""
+        raise GGFlowError(f"{type(self).__name__} cannot load a sequence's state")
 
     @property
     @abstractmethod

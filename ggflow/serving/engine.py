@@ -230,7 +230,9 @@ class Engine:
                 continue
             slot, shared = choose_slot(idle, request.prompt)
             reuse = min(shared, len(request.prompt) - 1)  # the last prompt token is evaluated for its logits
-            self.ctx.memory.seq_rm(slot.seq_id, reuse, -1)
+            if not self.ctx.memory.seq_rm(slot.seq_id, reuse, -1):   # cannot continue there (a window cache)
+                self.ctx.memory.seq_rm(slot.seq_id, 0, -1)
+                reuse = 0
             slot.assign(request, reuse, self.vocab)
 
     def _plan(self) -> list[Entry]:

@@ -87,10 +87,14 @@ class Gemma3(Architecture):
             return hp.extra["rope_freq_base_swa"], 1.0
         return hp.rope_freq_base, hp.rope_freq_scale
 
-    def create_memory(self, hp, n_ctx, backend, type_k, type_v):
+    def create_memory(self, hp, n_ctx, backend, type_k, type_v, n_ubatch):
+        """The local layers keep a window-sized cache (llama.cpp's iswa cache); no window: the unified one."""
         from ggflow.core.kv_cache import KVCache
-        return KVCache(hp, n_ctx, backend, type_k, type_v, swa=hp.extra["swa"],
-                       layer_rope=[self.layer_rope(hp, il) for il in range(hp.n_layer)])
+        from ggflow.core.kv_cache_iswa import IswaCache
+        layer_rope = [self.layer_rope(hp, il) for il in range(hp.n_layer)]
+        if hp.extra["swa"] is None or not hp.extra["swa"].layers:
+            return KVCache(hp, n_ctx, backend, type_k, type_v, layer_rope=layer_rope)
+        return IswaCache(hp, n_ctx, backend, type_k, type_v, hp.extra["swa"], n_ubatch, layer_rope=layer_rope)
 
     def build_graph(self, b: GraphBuilder):
         hp, w = b.hp, b.w
