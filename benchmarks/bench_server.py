@@ -2,6 +2,7 @@
 
     python benchmarks/bench_server.py                       # ggflow serve on the default model
     LLAMA_SERVER=/path/to/llama-server python benchmarks/bench_server.py   # and llama-server, interleaved
+    GGFLOW_BASELINE=/path/to/other/checkout python benchmarks/bench_server.py   # and another ggflow, interleaved
 
 Each client streams greedy /v1/completions of ``--tokens`` tokens (ignore_eos, so every request is as long)
 over distinct prompts. Every concurrency level is warmed up first (a new batch size builds new graphs).
@@ -33,9 +34,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(cmd: list[str], port: int, name: str, log_dir: str) -> subprocess.Popen:
+def start(cmd: list[str], port: int, name: str, log_dir: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     log = open(os.path.join(log_dir, f"{name}.log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 600
     with httpx.Client(timeout=5) as h:
         while time.monotonic() < deadline:
@@ -102,10 +103,16 @@ def main() -> int:
     log_dir = os.environ.get("BENCH_LOG_DIR", "/tmp")
     servers: dict[str, tuple[str, subprocess.Popen]] = {}
     try:
-        port = free_port()
-        servers["ggflow"] = (f"http://127.0.0.1:{port}", start(
-            [sys.executable, "-m", "ggflow.cli", "serve", "-m", model, "--port", str(port), "-np", str(args.parallel),
-             "-c", str(args.ctx_size), "-t", str(args.threads)], port, "ggflow", log_dir))
+        def ggflow_serve(name: str, env: dict[str, str] | None = None) -> None:
+            port = free_port()
+            servers[name] = (f"http://127.0.0.1:{port}", start(
+                [sys.executable, "-m", "ggflow.cli", "serve", "-m", model, "--port", str(port),
+                 "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)], port, name, log_dir, env))
+
+        ggflow_serve("ggflow")
+        if os.environ.get("GGFLOW_BASELINE"):   # the same server from another checkout (before/after a change)
+            baseline = os.path.abspath(os.environ["GGFLOW_BASELINE"])
+            ggflow_serve("ggflow-baseline", {**os.environ, "PYTHONPATH": baseline})
         if os.environ.get("LLAMA_SERVER"):
             port = free_port()
             servers["llama-server"] = (f"http://127.0.0.1:{port}", start(
