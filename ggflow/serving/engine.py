@@ -68,6 +68,7 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._slots_snapshot = [s.snapshot() for s in self.slots]
+        self._n_tokens_max = 0                          # the longest sequence so far (/metrics)
 
     @classmethod
     def load(cls, model_path: str, *, n_ctx: int = 8192, n_slots: int = 4, n_batch: int | None = None,
@@ -342,8 +343,7 @@ class Engine:
 
     def _publish(self) -> None:
         busy = sum(s.is_busy for s in self.slots)
-        longest = max(len(s.cache_tokens) for s in self.slots)
-        m = self.metrics.snapshot()
+        self._n_tokens_max = max(self._n_tokens_max, max(len(s.cache_tokens) for s in self.slots))
         self.metrics.set(requests_processing=busy, requests_deferred=len(self._waiting),
-                         kv_cache_tokens=self.ctx.memory.n_used, n_tokens_max=max(m.n_tokens_max, longest))
+                         kv_cache_tokens=self.ctx.memory.n_used, n_tokens_max=self._n_tokens_max)
         self._slots_snapshot = [s.snapshot() for s in self.slots]
