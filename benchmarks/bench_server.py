@@ -2,6 +2,7 @@
 
     python benchmarks/bench_server.py                       # ggflow serve on the default model
     LLAMA_SERVER=/path/to/llama-server python benchmarks/bench_server.py   # and llama-server, interleaved
+    GGFLOW_BASELINE=/path/to/other/checkout python benchmarks/bench_server.py   # and another ggflow, interleaved
 
 Each client streams greedy /v1/completions of ``--tokens`` tokens (ignore_eos, so every request is as long)
 over distinct prompts. Every concurrency level is warmed up first (a new batch size builds new graphs).
@@ -33,9 +34,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(cmd: list[str], port: int, name: str, log_dir: str) -> subprocess.Popen:
+def start(cmd: list[str], port: int, name: str, log_dir: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     log = open(os.path.join(log_dir, f"{name}.log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 600
     with httpx.Client(timeout=5) as h:
         while time.monotonic() < deadline:
@@ -73,16 +74,29 @@ def one_request(base: str, prompt: str, n_tokens: int) -> tuple[float, int, floa
     return ttft or 0.0, n_usage if n_usage is not None else n_chunks, time.perf_counter() - t0
 
 
-def level(base: str, clients: int, n_tokens: int) -> dict[str, float]:
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc); nan where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def level(base: str, clients: int, n_tokens: int, pid: int | None = None) -> dict[str, float]:
+    """One level; with the server's pid also its CPU time per generated token, which a busy machine
+    inflates far less than the wall time (other processes take cores, not the server's CPU seconds)."""
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(clients)]
-    t0 = time.perf_counter()
+    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         results = list(pool.map(lambda p: one_request(base, p, n_tokens), prompts))
     wall = time.perf_counter() - t0
     tokens = sum(n for _, n, _ in results)
     return {"clients": clients, "tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall,
             "ttft_median_s": statistics.median(t for t, _, _ in results),
-            "ttft_max_s": max(t for t, _, _ in results)}
+            "ttft_max_s": max(t for t, _, _ in results),
+            "cpu_ms_per_token": 1e3 * (cpu_seconds(pid) - cpu0) / max(tokens, 1)}
 
 
 def main() -> int:
@@ -102,10 +116,16 @@ def main() -> int:
     log_dir = os.environ.get("BENCH_LOG_DIR", "/tmp")
     servers: dict[str, tuple[str, subprocess.Popen]] = {}
     try:
-        port = free_port()
-        servers["ggflow"] = (f"http://127.0.0.1:{port}", start(
-            [sys.executable, "-m", "ggflow.cli", "serve", "-m", model, "--port", str(port), "-np", str(args.parallel),
-             "-c", str(args.ctx_size), "-t", str(args.threads)], port, "ggflow", log_dir))
+        def ggflow_serve(name: str, env: dict[str, str] | None = None) -> None:
+            port = free_port()
+            servers[name] = (f"http://127.0.0.1:{port}", start(
+                [sys.executable, "-m", "ggflow.cli", "serve", "-m", model, "--port", str(port),
+                 "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)], port, name, log_dir, env))
+
+        ggflow_serve("ggflow")
+        if os.environ.get("GGFLOW_BASELINE"):   # the same server from another checkout (before/after a change)
+            baseline = os.path.abspath(os.environ["GGFLOW_BASELINE"])
+            ggflow_serve("ggflow-baseline", {**os.environ, "PYTHONPATH": baseline})
         if os.environ.get("LLAMA_SERVER"):
             port = free_port()
             servers["llama-server"] = (f"http://127.0.0.1:{port}", start(
@@ -120,14 +140,16 @@ def main() -> int:
         load0 = os.getloadavg()[0]
         for round_ in range(args.rounds):             # rounds outermost, servers interleaved per level:
             for clients in levels:                    # a change in the machine's load hits every row alike
-                for name, (base, _) in servers.items():
-                    r = level(base, clients, args.tokens)
+                for name, (base, proc) in servers.items():
+                    r = level(base, clients, args.tokens, proc.pid)
                     runs.setdefault((name, clients), []).append(r)
                     print(f"round {round_ + 1} {name:13s} clients={clients}  {r['tokens_per_s']:7.1f} tok/s  "
                           f"ttft median {r['ttft_median_s'] * 1e3:7.0f} ms  max {r['ttft_max_s'] * 1e3:7.0f} ms  "
+                          f"server CPU {r['cpu_ms_per_token']:5.2f} ms/token  "
                           f"({r['tokens']} tokens in {r['seconds']:.1f} s)", file=sys.stderr, flush=True)
         rows = [{"server": name, "clients": clients,
-                 **{k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "ttft_median_s", "ttft_max_s")}}
+                 **{k: statistics.median(r[k] for r in rs)
+                    for k in ("tokens_per_s", "ttft_median_s", "ttft_max_s", "cpu_ms_per_token")}}
                 for (name, clients), rs in runs.items()]
         rows.sort(key=lambda r: (r["server"] != "ggflow", r["clients"]))
         print(f"load average: {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end", file=sys.stderr)
@@ -135,12 +157,12 @@ def main() -> int:
             print(json.dumps(rows, indent=1))
         else:
             print(f"medians of {args.rounds} rounds\n")
-            print("| server | clients | tokens/s | vs 1 client | TTFT median (ms) | TTFT max (ms) |")
-            print("|---|---|---|---|---|---|")
+            print("| server | clients | tokens/s | vs 1 client | TTFT median (ms) | TTFT max (ms) | server CPU ms/token |")
+            print("|---|---|---|---|---|---|---|")
             for r in rows:
-                one = next(x for x in rows if x["server"] == r["server"] and x["clients"] == 1)["tokens_per_s"]
+                one = next((x for x in rows if x["server"] == r["server"] and x["clients"] == 1), r)["tokens_per_s"]
                 print(f"| {r['server']} | {r['clients']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / one:.2f}x "
-                      f"| {r['ttft_median_s'] * 1e3:.0f} | {r['ttft_max_s'] * 1e3:.0f} |")
+                      f"| {r['ttft_median_s'] * 1e3:.0f} | {r['ttft_max_s'] * 1e3:.0f} | {r['cpu_ms_per_token']:.2f} |")
     finally:
         for _, proc in servers.values():
             proc.terminate()

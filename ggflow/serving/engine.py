@@ -7,7 +7,8 @@ Each step (llama-server's ``update_slots``):
      generating slots alone do not fit, idle slots' caches are dropped first; if that is not enough,
      the active slot holding the most cells is finished with "length" (so the others go on untouched);
   3. decode it; status 1 (no room, cache unchanged) defers the prompt chunks and retries;
-  4. sample a token for every slot whose logits came out, with that request's own sampler chain.
+  4. sample a token for every slot whose logits came out, with that request's own sampler chain (the
+     greedy chains that reduce to an argmax: one argmax over all their rows, serving/greedy_rows.py).
 
 The engine is the only code that touches the Context. Other threads only call ``submit`` (and a
 request's ``cancel``) and read ``metrics`` / ``slots_snapshot``; ``run_forever`` is the engine thread.
@@ -29,6 +30,7 @@ from ggflow.core.memory import MAX_SEQ
 from ggflow.core.sampling import build_chain
 from ggflow.errors import GGFlowError
 from ggflow.serving.admission import choose_slot
+from ggflow.serving.greedy_rows import NO_TOKEN, argmax_rows
 from ggflow.serving.metrics import EngineMetrics
 from ggflow.serving.request import EngineStoppedError, PromptTooLongError, QueueFullError, Request
 from ggflow.serving.slot import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, Slot, SlotState
@@ -66,6 +68,7 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._slots_snapshot = [s.snapshot() for s in self.slots]
+        self._n_tokens_max = 0                          # the longest sequence so far (/metrics)
 
     @classmethod
     def load(cls, model_path: str, *, n_ctx: int = 8192, n_slots: int = 4, n_batch: int | None = None,
@@ -288,15 +291,17 @@ class Engine:
         if status != 0:
             raise GGFlowError(f"decode failed with status {status}")
         self.metrics.update(n_decode_total=1, n_busy_slots_total=sum(s.is_busy for s in self.slots))
-        index = -1
+        index, sampled = -1, []
         for slot, tokens in entries:
             slot.evaluated(tokens)
             index += len(tokens)
-            if slot.state is SlotState.PROMPT and slot.prompt_left():
-                continue
+            if slot.state is SlotState.GENERATING or not slot.prompt_left():
+                sampled.append((slot, index))
+        for (slot, index), token in zip(sampled, self._argmax_tokens(sampled)):
             was_prompt = slot.state is SlotState.PROMPT
             try:
-                finished = slot.sample(self.ctx.get_logits_ith(index))
+                finished = (slot.sample(self.ctx.get_logits_ith(index)) if token == NO_TOKEN
+                            else slot.take_argmax(int(token)))
             except Exception as exc:  # one request's sampler failed: end that request, not the step
                 log.exception("sampling failed")
                 self._forget_cache(slot)
@@ -309,6 +314,15 @@ class Engine:
                                     prompt_seconds_total=t.prompt_ms / 1e3)
             if finished:
                 self._record_finished(slot.timings)
+
+    def _argmax_tokens(self, sampled: list[tuple[Slot, int]]) -> np.ndarray:
+        """The tokens of the greedy slots in one argmax over their logit rows; NO_TOKEN: the chain samples."""
+        tokens = np.full(len(sampled), NO_TOKEN, np.int64)
+        greedy = [i for i, (slot, _) in enumerate(sampled) if slot.argmax_plan is not None]
+        if greedy:
+            rows = np.stack([self.ctx.get_logits_ith(sampled[i][1]) for i in greedy])   # a copy: biases go in
+            tokens[greedy] = argmax_rows(rows, [sampled[i][0].argmax_plan for i in greedy])
+        return tokens
 
     def _batch(self, entries: list[Entry]) -> Batch:
         tokens = np.concatenate([np.asarray(t, np.int32) for _, t in entries])
@@ -331,8 +345,7 @@ class Engine:
 
     def _publish(self) -> None:
         busy = sum(s.is_busy for s in self.slots)
-        longest = max(len(s.cache_tokens) for s in self.slots)
-        m = self.metrics.snapshot()
+        self._n_tokens_max = max(self._n_tokens_max, max(len(s.cache_tokens) for s in self.slots))
         self.metrics.set(requests_processing=busy, requests_deferred=len(self._waiting),
-                         kv_cache_tokens=self.ctx.memory.n_used, n_tokens_max=max(m.n_tokens_max, longest))
+                         kv_cache_tokens=self.ctx.memory.n_used, n_tokens_max=self._n_tokens_max)
         self._slots_snapshot = [s.snapshot() for s in self.slots]

@@ -14,6 +14,7 @@ import numpy as np
 
 from ggflow.api import FINISH_LENGTH, FINISH_STOP, Completion, StopMatcher, Timings
 from ggflow.core.sampling import build_chain
+from ggflow.serving.greedy_rows import argmax_plan
 from ggflow.serving.request import Done, Piece, Request
 
 FINISH_CANCELLED = "cancelled"   # the client went away; nobody reads the result
@@ -46,6 +47,7 @@ class Slot:
             self.chain.accept(tok)
         if request.constraint is not None:   # after the prompt: prompt tokens are not grammar tokens
             self.chain.samplers.insert(0, request.constraint)
+        self.argmax_plan = argmax_plan(self.chain)   # not None: the engine may pick the token by argmax
         self.vocab = vocab
         self.decoder = vocab.stream_decoder()
         self.stops = StopMatcher(request.stop)
@@ -76,11 +78,23 @@ class Slot:
     # -- sampling --------------------------------------------------------------------------------
     def sample(self, logits: np.ndarray) -> bool:
         """Sample the next token and send its text; True when the request is finished."""
-        assert self.request is not None
+        self._first_token_time()
+        return self._take(self.chain.sample(logits))
+
+    def take_argmax(self, token: int) -> bool:
+        """The token argmax_rows picked by this slot's ``argmax_plan`` (what its chain would sample)."""
+        self._first_token_time()
+        self.chain.accept(token)
+        return self._take(token)
+
+    def _first_token_time(self) -> None:
         if self.t_first is None:
             self.t_first = time.perf_counter()
             self.timings.prompt_ms = 1e3 * (self.t_first - self.t_start)
-        token = self.chain.sample(logits)
+
+    def _take(self, token: int) -> bool:
+        """Send the sampled token's text; True when the request is finished."""
+        assert self.request is not None
         self.out.append(token)
         if self.vocab.is_eog(token):
             self.finish(FINISH_STOP)
