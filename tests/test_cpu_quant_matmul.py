@@ -333,3 +333,16 @@ def test_kernels_are_cached_on_disk():
     kernels = [tmpl._mul_mat_parallel, tmpl._mul_mat_serial, flt._mul_mat_parallel, flt._mul_mat_serial,
                act.quantize_q8_0, act.quantize_q8_1, act.quantize_q8_K]
     assert all(not isinstance(k._cache, NullCache) for k in kernels)
+
+
+@pytest.mark.parametrize("w_type", LEGACY + KQUANTS)
+def test_packing_in_row_chunks_gives_the_same_arrays(w_type, monkeypatch):
+    """Big weights are packed a run of tiles at a time (bounded peak memory): the same bytes."""
+    q, _ = weight(w_type, 300, 256, seed=14)
+    whole = qmm.pack_weight(q, w_type).arrays
+    monkeypatch.setattr(qmm, "PACK_CHUNK_ROWS", 2 * qmm.TILE)     # 300 rows: chunks of 128, 128, 44
+    chunked = qmm.pack_weight(q, w_type).arrays
+    assert len(chunked) == len(whole)
+    for a, b in zip(chunked, whole):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)

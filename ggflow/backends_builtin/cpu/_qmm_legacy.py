@@ -27,7 +27,8 @@ import numpy as np
 from numba import njit
 
 from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8
-from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_field, tile_rows
+from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
+from ggflow.backends_builtin.cpu._qmm_layout import check_tile, tile_rows
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 
 F32 = np.float32
@@ -48,31 +49,37 @@ def _high_bit_words(blocks: np.ndarray, start: int) -> np.ndarray:
     return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + 4]).view(np.uint16))
 
 
+def _f16_words(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """The f16 at byte ``offset`` of each block, kept as its 16 bits (the kernels widen it with vcvtph2ps):
+    the packed weight is then no bigger than the file's blocks."""
+    return tile_rows(np.ascontiguousarray(blocks[..., offset:offset + 2]).view(np.uint16)[..., 0])
+
+
 def pack_q4_0(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 18)
-    return _nibble_words(blocks, 2), tile_rows(f16_field(blocks, 0))
+    return _nibble_words(blocks, 2), _f16_words(blocks, 0)
 
 
 def pack_q4_1(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 20)
-    return _nibble_words(blocks, 4), tile_rows(f16_field(blocks, 0)), tile_rows(f16_field(blocks, 2))
+    return _nibble_words(blocks, 4), _f16_words(blocks, 0), _f16_words(blocks, 2)
 
 
 def pack_q5_0(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 22)
-    return _nibble_words(blocks, 6), _high_bit_words(blocks, 2), tile_rows(f16_field(blocks, 0))
+    return _nibble_words(blocks, 6), _high_bit_words(blocks, 2), _f16_words(blocks, 0)
 
 
 def pack_q5_1(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 24)
-    return (_nibble_words(blocks, 8), _high_bit_words(blocks, 4), tile_rows(f16_field(blocks, 0)),
-            tile_rows(f16_field(blocks, 2)))
+    return (_nibble_words(blocks, 8), _high_bit_words(blocks, 4), _f16_words(blocks, 0),
+            _f16_words(blocks, 2))
 
 
 def pack_q8_0(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 34)
     qs = tile_rows(np.ascontiguousarray(blocks[:, :, 2:]).view(np.uint16))
-    return qs, tile_rows(f16_field(blocks, 0))
+    return qs, _f16_words(blocks, 0)
 
 
 # --------------------------------------------------------------------------------- nibble decoding
@@ -170,14 +177,14 @@ def _isum(part, r, ngroups):
 def _acc_offset(acc, part, ngroups, dw, off, db):
     """Q4_0 / Q5_0 / Q8_0: acc += (isum - off) * d_w * d_x, off = the encoding's offset * sum(x)."""
     for r in range(R):
-        acc[r] += F32(I32(_isum(part, r, ngroups) - off)) * (dw[r] * db)
+        acc[r] += F32(I32(_isum(part, r, ngroups) - off)) * (f16_bits_to_f32(dw[r]) * db)
 
 
 @njit(cache=True, inline="always")
 def _acc_min(acc, part, ngroups, dw, mw, db, sb):
     """Q4_1 / Q5_1 (ggml: sumf += d_w*d_x*sumi + m_w*s_x, s_x = f16(d_x * sum(x)))."""
     for r in range(R):
-        acc[r] += F32(_isum(part, r, ngroups)) * (dw[r] * db) + mw[r] * sb
+        acc[r] += F32(_isum(part, r, ngroups)) * (f16_bits_to_f32(dw[r]) * db) + f16_bits_to_f32(mw[r]) * sb
 
 
 @njit(cache=True, inline="always")

@@ -48,6 +48,7 @@ from ggflow.errors import BackendError, ShapeError, UnknownNameError
 # than a small weight takes (1 Mi multiply-adds: about 0.1 ms on one core).
 PARALLEL_MIN_MACS = 1 << 20
 
+PACK_CHUNK_ROWS = 64 * TILE    # rows packed per pack() call (a multiple of TILE)
 ACTIVATION_TYPES = ("Q8_0", "Q8_1", "Q8_K")   # the vec_dot_types quantize_activations makes
 _BUILTIN_PIECES: dict[str, BlockPieces] = {**leg.PIECES, **kq.PIECES}
 
@@ -186,9 +187,32 @@ def pack_weight(w: np.ndarray, w_type: str) -> PackedWeight:
     qt = _quant_type(traits)
     if qt is None:
         return _pack_converted(w, traits, rows, k)
-    arrays = tuple(qt.pieces.pack(np.ascontiguousarray(w), rows, k))
+    arrays = _pack_in_chunks(qt.pieces.pack, w, rows, k)
     return PackedWeight(w_type, rows, k, arrays, w_type, qt.kind, traits.vec_dot_type, None,
                         _quant_drivers(qt, arrays, k))
+
+
+def _pack_in_chunks(pack: Callable, w: np.ndarray, rows: int, k: int) -> tuple:
+    """pack() over runs of PACK_CHUNK_ROWS rows into arrays allocated once: a big weight (a 49152-row
+    token embedding) then never has its packed copy and pack's temporaries (a contiguous copy of the
+    quants, the tiling's transpose) in memory at once. Tiles are independent, so chunks of whole tiles
+    pack to the same bytes as one call."""
+    if rows <= PACK_CHUNK_ROWS:
+        return tuple(pack(np.ascontiguousarray(w), rows, k))
+    n_tiles = -(-rows // TILE)
+    arrays = None
+    for r0 in range(0, rows, PACK_CHUNK_ROWS):
+        n = min(PACK_CHUNK_ROWS, rows - r0)
+        part = tuple(pack(np.ascontiguousarray(w[r0:r0 + n]), n, k))
+        t0, t1 = r0 // TILE, r0 // TILE + -(-n // TILE)
+        if arrays is None:
+            if any(a.shape[0] != t1 - t0 for a in part):
+                raise BackendError(f"a pack function returned arrays of shapes {[a.shape for a in part]} for "
+                                   f"{n} rows: each must be (n_tiles={t1 - t0}, ..., TILE) (qmm_pieces)")
+            arrays = tuple(np.empty((n_tiles,) + a.shape[1:], a.dtype) for a in part)
+        for whole, piece in zip(arrays, part):
+            whole[t0:t1] = piece
+    return arrays
 
 
 def _known_quant_type(w_type: str) -> TypeTraits:
