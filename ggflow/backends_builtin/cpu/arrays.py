@@ -29,6 +29,9 @@ class TensorArrays:
 
     def __init__(self, substitutes: Mapping[Tensor, Tensor] | None = None):
         self.substitutes = substitutes or {}
+        # What the kernels of one plan share, by a key of their own (rope: the cos/sin tables of a set of
+        # positions). Kernels are bound in the order they run, so the first to bind a key computes it.
+        self.shared: dict = {}
 
     def view(self, t: Tensor) -> np.ndarray:
         memory_of, offset = substituted_memory(t, self.substitutes, "CPU")

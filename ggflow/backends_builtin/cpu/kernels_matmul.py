@@ -83,15 +83,17 @@ class PackedWeights:
         return len(self._packs)
 
 
-def bind_mul_mat(node: Tensor, arrays: TensorArrays, weights: PackedWeights) -> Kernel:
+def bind_mul_mat(node: Tensor, arrays: TensorArrays, weights: PackedWeights, n_threads: int | None = None) -> Kernel:
+    """n_threads: the threads the plan runs on (None: numba's count), for the packed kernels' choice."""
     a, b = node.src
     packs = weights.get(a) if a not in arrays.substitutes else None
     if packs is not None:
-        return _bind_packed(packs, weights.kernels, node, arrays)
+        return _bind_packed(packs, weights.kernels, node, arrays, n_threads)
     return _bind_generic(node, arrays)
 
 
-def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arrays: TensorArrays) -> Kernel:
+def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arrays: TensorArrays,
+                 n_threads: int | None) -> Kernel:
     a, b = node.src
     x_view, out = arrays.view(b), arrays.view(node)        # (B3, B2, n, k), (B3, B2, n, m)
     k, m = a.ne[0], a.ne[1]
@@ -101,6 +103,8 @@ def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arra
 
     if a.ne[2] == a.ne[3] == 1:
         pack, out_rows = packs[0][0], out.reshape(-1, m)    # node results are contiguous: a view
+        if b.type.name == "F32" and x_view.flags.c_contiguous:   # x read where it lies: bound once
+            return kernels.bind_mul_mat(pack, x_view.reshape(-1, k), out_rows, n_threads)
         return lambda: kernels.mul_mat(pack, load_x().reshape(-1, k), out_rows)
 
     r3, r2 = b.ne[3] // a.ne[3], b.ne[2] // a.ne[2]

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numba
 import numpy as np
 
 from ggflow.backends_builtin.cpu import _qmm_act as act
@@ -130,16 +131,11 @@ def _pack_float(w: np.ndarray, w_type: str) -> PackedWeight:
 def mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
     """out[i, r] = dot(W[r], x[i]) for x (n, k) float32; out (n, rows) float32 is written in place."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.ndim != 2 or x.shape[1] != pw.k:
-        raise ShapeError(f"mul_mat: activations of shape {x.shape} do not match a weight of "
-                         f"{pw.rows} rows x {pw.k} columns (want (n, {pw.k}))")
-    n = x.shape[0]
-    if out.shape != (n, pw.rows) or out.dtype != np.float32:
-        raise ShapeError(f"mul_mat: out must be float32 of shape {(n, pw.rows)}, got {out.dtype} {out.shape}")
-    if n == 0 or pw.rows == 0:
+    _check_shapes(pw, x, out)
+    if x.shape[0] == 0 or pw.rows == 0:
         return
-    target = out if out.flags.c_contiguous else np.empty((n, pw.rows), np.float32)
-    parallel = n * pw.rows * pw.k >= PARALLEL_MIN_MACS
+    target = out if out.flags.c_contiguous else np.empty(out.shape, np.float32)
+    parallel = use_parallel(x.shape[0] * pw.rows * pw.k, numba.get_num_threads())
     if pw.w_type in _FLOAT:
         _, _, kernel, serial, rounding = _FLOAT[pw.w_type]
         (kernel if parallel else serial)(pw.arrays[0], rounding(x) if rounding else x, target)
@@ -148,6 +144,50 @@ def mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
         (kern.kernel if parallel else kern.serial)(*pw.arrays, *quantize_activations(x, kern.vec_dot_type), target)
     if target is not out:
         out[...] = target
+
+
+def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: int | None = None
+                 ) -> Callable[[], None]:
+    """``mul_mat(pw, x, out)`` prepared once for arrays whose memory stays put (a compiled plan's views).
+
+    The checks, the choice of kernel and the activation buffers are settled here, so a call is one
+    quantization and one kernel: what mul_mat costs on top of them (~2 us) is paid per plan, not per
+    step. n_threads: what the call runs on (None: numba's count now); one thread always runs serially.
+    """
+    _check_shapes(pw, x, out)
+    if not (x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous) or 0 in out.shape:
+        return lambda: mul_mat(pw, x, out)
+    threads = numba.get_num_threads() if n_threads is None else n_threads
+    parallel = use_parallel(x.shape[0] * pw.rows * pw.k, threads)
+    if pw.w_type in _FLOAT:
+        _, _, kernel, serial, rounding = _FLOAT[pw.w_type]
+        run = kernel if parallel else serial
+        if rounding is None:
+            return lambda: run(pw.arrays[0], x, out)
+        return lambda: run(pw.arrays[0], rounding(x), out)
+    kern = _QUANT[pw.w_type]
+    run, quantize = (kern.kernel if parallel else kern.serial), _ACTIVATION_QUANTIZERS[kern.vec_dot_type]
+    xq, d, extra = quantize_activations(x, kern.vec_dot_type)   # the buffers; refilled at every call
+    args = (*pw.arrays, xq, d, extra, out)
+
+    def run_quantized() -> None:
+        quantize(x, xq, d, extra)
+        run(*args)
+    return run_quantized
+
+
+def use_parallel(macs: int, n_threads: int) -> bool:
+    """Whether a product of this many multiply-adds runs on numba's threads (see PARALLEL_MIN_MACS)."""
+    return n_threads > 1 and macs >= PARALLEL_MIN_MACS
+
+
+def _check_shapes(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
+    if x.ndim != 2 or x.shape[1] != pw.k:
+        raise ShapeError(f"mul_mat: activations of shape {x.shape} do not match a weight of "
+                         f"{pw.rows} rows x {pw.k} columns (want (n, {pw.k}))")
+    n = x.shape[0]
+    if out.shape != (n, pw.rows) or out.dtype != np.float32:
+        raise ShapeError(f"mul_mat: out must be float32 of shape {(n, pw.rows)}, got {out.dtype} {out.shape}")
 
 
 def quantize_activations(x: np.ndarray, vec_dot_type: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -171,4 +211,7 @@ def quantize_activations(x: np.ndarray, vec_dot_type: str) -> tuple[np.ndarray, 
     return xq, d, extra
 
 
-__all__ = ["SUPPORTED_TYPES", "PackedWeight", "pack_weight", "mul_mat", "quantize_activations", "TILE"]
+_ACTIVATION_QUANTIZERS = {"Q8_0": act.quantize_q8_0, "Q8_1": act.quantize_q8_1, "Q8_K": act.quantize_q8_K}
+
+
+__all__ = ["SUPPORTED_TYPES", "PackedWeight", "pack_weight", "mul_mat", "bind_mul_mat", "quantize_activations", "TILE"]
