@@ -58,6 +58,7 @@ class CPUBackend(Backend):
             import numba
             n_threads = min(int(n_threads), numba.config.NUMBA_NUM_THREADS)
         self.n_threads = n_threads
+        self.fuse = True   # run chains of nodes as one kernel (fusion.py); off: one kernel per node
         self._weights = None  # PackedWeights, made on first use (it imports the kernels)
 
     def alloc_buffer(self, size: int) -> HostBuffer:
@@ -82,16 +83,23 @@ class CPUBackend(Backend):
         arrays = TensorArrays(substitutes)
         binders = {**_kernel_binders(), Op.MUL_MAT: partial(_mul_mat_binder(), weights=self.packed_weights,
                                                               n_threads=self.n_threads)}
-        kernels = []
-        for node in nodes:
-            if node.op in PURE_VIEWS or node.nelements == 0:
+        from ggflow.backends_builtin.cpu.fusion import bind_fused
+        steps = [n for n in nodes if n.op not in PURE_VIEWS and n.nelements != 0]   # views compute nothing
+        kernels, i = [], 0
+        while i < len(steps):
+            fused = bind_fused(steps, i, arrays) if self.fuse else None
+            if fused is not None:
+                kernels.append(fused[0])
+                i += fused[1]
                 continue
+            node = steps[i]
             bind = binders.get(node.op) or _reference_binder(node.op)
             if bind is None:
                 raise BackendError(f"the cpu backend has no kernel for op {node.op!r} (node {node!r}) and no "
                                    f"plugin registered it (ggflow.core.ops.register_op); it runs: "
                                    f"{', '.join(sorted(binders))}")
             kernels.append(bind(node, arrays))
+            i += 1
         return CPUPlan(kernels, self.n_threads)
 
     def compute(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> None:
