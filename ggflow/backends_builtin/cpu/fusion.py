@@ -11,6 +11,7 @@ than as an exact alias (``_overlap``).
 Chains (``steps`` are the plan's computing nodes, views left out):
   add(a, b) -> rms_norm -> mul(., w)     all F32, contiguous, a and b of one shape, w one row
   rms_norm -> mul(., w)
+  silu(g) -> mul(u, .) or mul(., u)      all F32, contiguous, one shape (a gated FFN; numpy's exp stays)
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ggflow.backends_builtin.cpu import kernels_norm
+from ggflow.backends_builtin.cpu import kernels_elementwise, kernels_norm
 from ggflow.backends_builtin.cpu.arrays import TensorArrays
 from ggflow.core.ops import Op
 from ggflow.core.tensor import Tensor
@@ -28,7 +29,7 @@ Kernel = Callable[[], None]
 
 def bind_fused(steps: Sequence[Tensor], i: int, arrays: TensorArrays) -> tuple[Kernel, int] | None:
     """A kernel for the chain that starts at steps[i] and how many steps it runs; None: no chain starts here."""
-    for chain in (_add_rms_norm_mul, _rms_norm_mul):
+    for chain in (_add_rms_norm_mul, _rms_norm_mul, _silu_mul):
         found = chain(steps, i, arrays)
         if found is not None:
             return found
@@ -46,7 +47,7 @@ def _add_rms_norm_mul(steps: Sequence[Tensor], i: int, arrays: TensorArrays) -> 
         return None
     rows = _rows(arrays, a, b, add, norm, mul)
     w = _row(arrays, mul.src[1])
-    if rows is None or w is None or _overlap([*rows, w], writes=(2, 3, 4)):
+    if rows is None or w is None or _overlap([*rows, w], writes=(2, 3, 4), read_by_every_row=4):
         return None
     a_rows, b_rows, s_rows, y_rows, z_rows = rows
     eps = np.float32(norm.op_params[0])
@@ -62,12 +63,33 @@ def _rms_norm_mul(steps: Sequence[Tensor], i: int, arrays: TensorArrays) -> tupl
         return None
     rows = _rows(arrays, norm.src[0], norm, mul)
     w = _row(arrays, mul.src[1])
-    if rows is None or w is None or _overlap([*rows, w], writes=(1, 2)):
+    if rows is None or w is None or _overlap([*rows, w], writes=(1, 2), read_by_every_row=3):
         return None
     x_rows, y_rows, z_rows = rows
     eps = np.float32(norm.op_params[0])
     kernel = kernels_norm.rms_norm_mul_rows
     return (lambda: kernel(x_rows, y_rows, w, z_rows, eps)), 2
+
+
+def _silu_mul(steps: Sequence[Tensor], i: int, arrays: TensorArrays) -> tuple[Kernel, int] | None:
+    if i + 1 >= len(steps) or steps[i].op != Op.SILU:
+        return None
+    silu, mul = steps[i:i + 2]
+    if mul.op != Op.MUL or silu not in mul.src or mul.src[0] is mul.src[1]:
+        return None
+    other = mul.src[1] if mul.src[0] is silu else mul.src[0]
+    rows = _rows(arrays, silu.src[0], other, silu, mul)
+    if rows is None or _overlap(rows, writes=(2, 3)):
+        return None
+    x, u, s, z = (r.reshape(-1) for r in rows)
+    t = np.empty_like(x)   # exp(-x): the plan's own scratch, shared with nothing
+    kernel = kernels_elementwise.silu_from_exp_mul
+
+    def run() -> None:
+        np.negative(x, out=t)
+        np.exp(t, out=t)
+        kernel(x, t, s, u, z)
+    return run, 2
 
 
 def _is_weight_mul(mul: Tensor, norm: Tensor) -> bool:
@@ -98,16 +120,16 @@ def _row(arrays: TensorArrays, t: Tensor) -> np.ndarray | None:
     return view if view.flags.c_contiguous else None
 
 
-def _overlap(views: list[np.ndarray], writes: tuple[int, ...]) -> bool:
+def _overlap(views: list[np.ndarray], writes: tuple[int, ...], read_by_every_row: int | None = None) -> bool:
     """Whether an array the chain writes (indices ``writes``) shares memory with another of its arrays in a
     way row-by-row order would break. The same memory in the same layout does not: the allocator gave a
     later node the memory of an input that dies at the earlier one, and each row of that input is read
-    before the same row of the output is written (an elementwise op in place). The weight row (the last
-    array) is read in every row, so it may share nothing."""
-    last = len(views) - 1
+    before the same row of the output is written (an elementwise op in place). An array every row reads
+    (a norm's weight row) may share nothing."""
     for w in writes:
         for j, other in enumerate(views):
-            if j != w and np.may_share_memory(views[w], other) and (j == last or not _same_layout(views[w], other)):
+            if j != w and np.may_share_memory(views[w], other) and (
+                    j == read_by_every_row or not _same_layout(views[w], other)):
                 return True
     return False
 

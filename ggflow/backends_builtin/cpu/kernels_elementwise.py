@@ -88,6 +88,17 @@ def silu_f32(x: np.ndarray, out: np.ndarray) -> None:
     np.divide(x, t, out=out, dtype=F32)
 
 
+@njit(cache=True, fastmath=False, error_model="numpy")
+def silu_from_exp_mul(x, t, s, u, z):
+    """s = x / (t + 1) for t = exp(-x): silu_f32's last two steps, then z = u * s (the mul of a gated FFN).
+    1-D float32 arrays; fusion.py's silu -> mul chain."""
+    one = np.float32(1.0)
+    for i in range(x.shape[0]):
+        v = x[i] / (t[i] + one)
+        s[i] = v
+        z[i] = u[i] * v
+
+
 def bind_silu(node: Tensor, arrays: TensorArrays) -> Kernel:
     return _bind_unary(node, arrays, silu_f32)
 
