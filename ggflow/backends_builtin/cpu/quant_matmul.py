@@ -22,6 +22,7 @@ Threads: numba's prange over row tiles, as many as ``numba.set_num_threads`` all
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numba
@@ -31,6 +32,7 @@ from ggflow.backends_builtin.cpu import _qmm_act as act
 from ggflow.backends_builtin.cpu import _qmm_float as flt
 from ggflow.backends_builtin.cpu import _qmm_kquants as kq
 from ggflow.backends_builtin.cpu import _qmm_legacy as leg
+from ggflow.backends_builtin.cpu import thread_choice
 from ggflow.backends_builtin.cpu._qmm_layout import TILE
 from ggflow.errors import BackendError, ShapeError
 
@@ -153,26 +155,33 @@ def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: in
     The checks, the choice of kernel and the activation buffers are settled here, so a call is one
     quantization and one kernel: what mul_mat costs on top of them (~2 us) is paid per plan, not per
     step. n_threads: what the call runs on (None: numba's count now); one thread always runs serially.
+    A product big enough for threads runs parallel or serial, whichever its size's recent calls found
+    faster (thread_choice: a busy machine makes the parallel one the slower).
     """
     _check_shapes(pw, x, out)
     if not (x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous) or 0 in out.shape:
         return lambda: mul_mat(pw, x, out)
     threads = numba.get_num_threads() if n_threads is None else n_threads
-    parallel = use_parallel(x.shape[0] * pw.rows * pw.k, threads)
     if pw.w_type in _FLOAT:
         _, _, kernel, serial, rounding = _FLOAT[pw.w_type]
-        run = kernel if parallel else serial
         if rounding is None:
-            return lambda: run(pw.arrays[0], x, out)
-        return lambda: run(pw.arrays[0], rounding(x), out)
+            products = [partial(run, pw.arrays[0], x, out) for run in (serial, kernel)]
+        else:
+            products = [lambda run=run: run(pw.arrays[0], rounding(x), out) for run in (serial, kernel)]
+        if not use_parallel(x.shape[0] * pw.rows * pw.k, threads):
+            return products[0]
+        return thread_choice.adaptive((pw.w_type, *x.shape, pw.rows, threads), products[1], products[0])
     kern = _QUANT[pw.w_type]
-    run, quantize = (kern.kernel if parallel else kern.serial), _ACTIVATION_QUANTIZERS[kern.vec_dot_type]
+    quantize = _ACTIVATION_QUANTIZERS[kern.vec_dot_type]
     xq, d, extra = quantize_activations(x, kern.vec_dot_type)   # the buffers; refilled at every call
     args = (*pw.arrays, xq, d, extra, out)
+    product = partial(kern.serial, *args)
+    if use_parallel(x.shape[0] * pw.rows * pw.k, threads):   # parallel or serial, whichever is faster now
+        product = thread_choice.adaptive((pw.w_type, *x.shape, pw.rows, threads), partial(kern.kernel, *args), product)
 
     def run_quantized() -> None:
         quantize(x, xq, d, extra)
-        run(*args)
+        product()
     return run_quantized
 
 
