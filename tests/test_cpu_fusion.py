@@ -223,3 +223,19 @@ def test_a_plan_runs_fewer_kernels_than_it_has_computing_nodes_on_a_transformer_
         allocate(t)
     computing = [n for n in graph.nodes if n.op not in PURE_VIEWS]
     assert len(CPUBackend().compile(graph.nodes).kernels) == len(computing) - 2
+
+
+def test_bound_mul_mats_of_one_plan_share_their_activation_buffers():
+    k = 128
+    packs = [qmm.pack_weight(quantize(randn(rows, k), "Q4_1"), "Q4_1") for rows in (32, 48)]
+    x, y = randn(5, k), randn(5, k)
+    outs = [np.empty((5, 32), np.float32), np.empty((5, 48), np.float32)]
+    scratch: dict = {}
+    calls = [qmm.bind_mul_mat(pw, v, out, 1, scratch) for pw, v, out in zip(packs, (x, y), outs)]
+    assert len(scratch) == 1                              # one set of Q8_1 buffers for (5, 128)
+    for call in calls:
+        call()
+    for pw, v, out in zip(packs, (x, y), outs):
+        expected = np.empty_like(out)
+        qmm.mul_mat(pw, v, expected)
+        np.testing.assert_array_equal(out, expected)

@@ -30,7 +30,8 @@ class TensorArrays:
     def __init__(self, substitutes: Mapping[Tensor, Tensor] | None = None):
         self.substitutes = substitutes or {}
         # What the kernels of one plan share, by a key of their own (rope: the cos/sin tables of a set of
-        # positions). Kernels are bound in the order they run, so the first to bind a key computes it.
+        # positions; matmuls: activation buffers). Kernels are bound in the order they run, and one plan
+        # never runs two at once.
         self.shared: dict = {}
 
     def view(self, t: Tensor) -> np.ndarray:

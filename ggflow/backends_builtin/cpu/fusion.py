@@ -82,7 +82,9 @@ def _silu_mul(steps: Sequence[Tensor], i: int, arrays: TensorArrays) -> tuple[Ke
     if rows is None or _overlap(rows, writes=(2, 3)):
         return None
     x, u, s, z = (r.reshape(-1) for r in rows)
-    t = np.empty_like(x)   # exp(-x): the plan's own scratch, shared with nothing
+    t = arrays.shared.get(("silu exp", x.shape))   # exp(-x): one scratch per shape for the whole plan
+    if t is None:
+        t = arrays.shared[("silu exp", x.shape)] = np.empty_like(x)
     kernel = kernels_elementwise.silu_from_exp_mul
 
     def run() -> None:

@@ -148,15 +148,17 @@ def mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
         out[...] = target
 
 
-def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: int | None = None
-                 ) -> Callable[[], None]:
+def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: int | None = None,
+                 scratch: dict | None = None) -> Callable[[], None]:
     """``mul_mat(pw, x, out)`` prepared once for arrays whose memory stays put (a compiled plan's views).
 
     The checks, the choice of kernel and the activation buffers are settled here, so a call is one
     quantization and one kernel: what mul_mat costs on top of them (~2 us) is paid per plan, not per
     step. n_threads: what the call runs on (None: numba's count now); one thread always runs serially.
     A product big enough for threads runs parallel or serial, whichever its size's recent calls found
-    faster (thread_choice: a busy machine makes the parallel one the slower).
+    faster (thread_choice: a busy machine makes the parallel one the slower). scratch: a dict shared by
+    calls that never run at the same time (one plan's), which then share one set of activation buffers
+    per type and shape (a prompt's would otherwise hold n x k int16 per weight); None: buffers of its own.
     """
     _check_shapes(pw, x, out)
     if not (x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous) or 0 in out.shape:
@@ -173,7 +175,13 @@ def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: in
         return thread_choice.adaptive((pw.w_type, *x.shape, pw.rows, threads), products[1], products[0])
     kern = _QUANT[pw.w_type]
     quantize = _ACTIVATION_QUANTIZERS[kern.vec_dot_type]
-    xq, d, extra = quantize_activations(x, kern.vec_dot_type)   # the buffers; refilled at every call
+    key = ("activations", kern.vec_dot_type, *x.shape)
+    buffers = scratch.get(key) if scratch is not None else None
+    if buffers is None:
+        buffers = quantize_activations(x, kern.vec_dot_type)   # the buffers; refilled at every call
+        if scratch is not None:
+            scratch[key] = buffers
+    xq, d, extra = buffers
     args = (*pw.arrays, xq, d, extra, out)
     product = partial(kern.serial, *args)
     if use_parallel(x.shape[0] * pw.rows * pw.k, threads):   # parallel or serial, whichever is faster now
