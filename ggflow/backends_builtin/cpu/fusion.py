@@ -9,8 +9,8 @@ the nodes row by row, so it declines when an output shares memory with another a
 than as an exact alias (``_overlap``).
 
 Chains (``steps`` are the plan's computing nodes, views left out):
-  add(a, b) -> rms_norm -> mul(., w)     all F32, contiguous, a and b of one shape, w one row
-  rms_norm -> mul(., w)
+  add(a, b) -> rms_norm -> mul(., w)     all F32, contiguous, a and b of one shape, w one row, fewer
+  rms_norm -> mul(., w)                  than threads.PARALLEL_MIN_ELEMENTS (a decode step's)
   silu(g) -> mul(u, .) or mul(., u)      all F32, contiguous, one shape (a gated FFN; numpy's exp stays)
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from ggflow.backends_builtin.cpu import kernels_elementwise, kernels_norm
 from ggflow.backends_builtin.cpu.arrays import TensorArrays
+from ggflow.backends_builtin.cpu.threads import PARALLEL_MIN_ELEMENTS
 from ggflow.core.ops import Op
 from ggflow.core.tensor import Tensor
 
@@ -95,8 +96,9 @@ def _silu_mul(steps: Sequence[Tensor], i: int, arrays: TensorArrays) -> tuple[Ke
 
 
 def _is_weight_mul(mul: Tensor, norm: Tensor) -> bool:
-    """mul(norm, w) with w a single row as long as norm's rows (ggml's repeat over every other dim)."""
-    if mul.op != Op.MUL or mul.src[0] is not norm:
+    """mul(norm, w) with w a single row as long as norm's rows (ggml's repeat over every other dim), on a
+    norm small enough to run serially (a prompt's keeps rms_norm's parallel driver: threads.py)."""
+    if mul.op != Op.MUL or mul.src[0] is not norm or norm.nelements >= PARALLEL_MIN_ELEMENTS:
         return False
     w = mul.src[1]
     return w.ne[0] == norm.ne[0] and w.ne[1:] == (1, 1, 1) and mul.ne == norm.ne

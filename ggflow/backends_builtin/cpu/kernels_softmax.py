@@ -45,18 +45,17 @@ def scaled_masked_minus_max(x, mask, has_mask, scale, y):
     for i3 in range(n3):
         for i2 in range(n2):
             for i1 in range(n1):
-                top, nan = -np.inf, False
+                row, xrow = y[i3, i2, i1], x[i3, i2, i1]
+                if has_mask:
+                    mrow = mask[i3 % mask.shape[0], i2 % mask.shape[1], i1]
+                    for i0 in range(n0):
+                        row[i0] = xrow[i0] * scale + mrow[i0]
+                else:
+                    for i0 in range(n0):
+                        row[i0] = xrow[i0] * scale
+                top = row.max()   # numpy's max: NaN if any is NaN
                 for i0 in range(n0):
-                    v = x[i3, i2, i1, i0] * scale
-                    if has_mask:
-                        v = v + mask[i3 % mask.shape[0], i2 % mask.shape[1], i1, i0]
-                    y[i3, i2, i1, i0] = v
-                    nan = nan or v != v
-                    top = max(top, v)
-                if nan:   # numpy's max propagates NaN
-                    top = np.nan
-                for i0 in range(n0):
-                    y[i3, i2, i1, i0] = y[i3, i2, i1, i0] - top
+                    row[i0] = row[i0] - top
 
 
 @njit(cache=True, fastmath=False, error_model="numpy")
