@@ -30,6 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order
+from ggflow.backends_builtin.cpu import thread_choice
 from ggflow.backends_builtin.cpu.arrays import F32, TensorArrays, from_f32, to_f32
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.core.types import TypeTraits, type_traits
@@ -164,9 +165,10 @@ def _bind_fixed_order(node: Tensor, arrays: TensorArrays) -> Kernel:
     a, b = node.src
     a_view, b_view, out = arrays.view(a), arrays.view(b), arrays.view(node)
     k, m, n_rows = a.ne[0], a.ne[1], b.ne[1] * b.ne[2] * b.ne[3]
-    parallel = n_rows * m * k >= fixed_order.PARALLEL_MIN_MACS
-    kernel = fixed_order.mul_mat_fixed_order_parallel if parallel else fixed_order.mul_mat_fixed_order_serial
     a_shape = (a.ne[3], a.ne[2], m, k)                              # a_view's rows are bytes if quantized
+    kernel = fixed_order.mul_mat_fixed_order_serial
+    if n_rows * m * k >= fixed_order.PARALLEL_MIN_MACS:   # parallel or serial, whichever is faster now
+        kernel = thread_choice.adaptive(("fixed order", a_shape, b_view.shape), fixed_order.mul_mat_fixed_order_parallel, kernel)
     tasks = fixed_order.n_tasks(a_shape, b_view.shape)
     a_native, x_native = _native_operand(a_view, a.type), _native_operand(b_view, b.type)
     a_memory = fixed_order.as_memory(a_native) if a_native is not None else None
