@@ -17,7 +17,8 @@ n == 1 (decode) and small n take the matvec path (one decode-and-multiply pass p
 the batched one, which decodes each block of a row tile once and reuses it for all tokens (the
 switch is inside each type's kernel, ``MATVEC_MAX_TOKENS`` of its module).
 Threads: numba's prange over row tiles, as many as ``numba.set_num_threads`` allows; products below
-``PARALLEL_MIN_MACS`` run on the calling thread.
+``PARALLEL_MIN_MACS``, and every product on one thread, run on the calling thread; ``bind_mul_mat``'s
+bigger ones run parallel or serial, whichever is faster now (``thread_choice``).
 """
 from __future__ import annotations
 
