@@ -1,4 +1,6 @@
-"""Data movement: get_rows, set_rows, cpy, cont. Vectorized numpy over all rows at once.
+"""Data movement: get_rows, set_rows, cpy, cont. Vectorized numpy over all rows at once, but for set_rows
+from F32 into F32 or F16 (every KV-cache write): one numba call that checks the ids and copies, rounding
+to F16 as numpy does (c_arith.f32_bits_to_f16_bits), where numpy took a min, a max and a fancy assignment.
 
 Conversions follow ggml: any type is read through its to_float (get_rows of a quantized embedding), F32 ->
 F16 rounds to nearest even, and a quantized destination is written through its from_float. A copy between
