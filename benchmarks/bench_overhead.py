@@ -2,7 +2,8 @@
 
 A 30-layer llama with 64-wide layers has SmolLM2's graph (same nodes, same count) but kernels that take
 microseconds, so the time of a decode step is almost all Python: input setting, plan dispatch, logits copy.
-    python benchmarks/bench_overhead.py [--layers 30] [--steps 200]
+``plan`` is the compiled plan alone (the kernels' calls), ``step`` the whole Context.decode.
+    python benchmarks/bench_overhead.py [--layers 30] [--steps 200] [--weight-type Q4_1] [--no-fuse]
 """
 from __future__ import annotations
 
@@ -26,28 +27,37 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--weight-type", default="F32", help="type of the 2-D weights (the default model: Q4_1)")
+    ap.add_argument("--no-fuse", action="store_true", help="one kernel per node (CPUBackend.fuse off)")
     args = ap.parse_args()
     spec = tiny_models.TinySpec("llama", 64, 4, 2, args.layers, 64, 2048)
-    tiny_models.SPECS["llama-overhead"] = spec
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "overhead.gguf"
         tiny_models.SPECS["llama"], saved = spec, tiny_models.SPECS["llama"]
         try:
-            tiny_models.write_tiny_model(path, "llama")
+            tiny_models.write_tiny_model(path, "llama", args.weight_type)
         finally:
             tiny_models.SPECS["llama"] = saved
         model = Model.load(path)
         ctx = Context(model, n_ctx=1024, backends="cpu", n_threads=args.threads)
+        if args.no_fuse:
+            ctx.backends[-1].fuse = False
         ctx.decode(Batch.from_tokens([1, 2, 3, 4]))
-        times = []
+        steps, plans = [], []
         for pos in range(4, 4 + args.steps):
             t0 = time.perf_counter()
             ctx.decode(Batch.from_tokens([5], pos0=pos))
-            times.append(time.perf_counter() - t0)
+            steps.append(time.perf_counter() - t0)
+            plan = ctx.scheduler.splits[0].plan
+            t0 = time.perf_counter()
+            plan()   # the same step's kernels again: same inputs, same results
+            plans.append(time.perf_counter() - t0)
         graph = ctx._built.graph
-        print(f"{args.layers} layers, {len(graph.nodes)} graph nodes, {ctx.n_graph_reuses} reuses: "
-              f"median {1e3 * statistics.median(times[20:]):.3f} ms per decode step "
-              f"({1e6 * statistics.median(times[20:]) / len(graph.nodes):.2f} us per node)")
+        n_kernels = len(getattr(plan, "kernels", ()))
+        step, plan_ms = 1e3 * statistics.median(steps[20:]), 1e3 * statistics.median(plans[20:])
+        print(f"{args.layers} layers, {args.weight_type} weights, {len(graph.nodes)} graph nodes, {n_kernels} kernels, "
+              f"{ctx.n_graph_reuses} reuses: median {step:.3f} ms per decode step, plan {plan_ms:.3f} ms "
+              f"({1e3 * step / len(graph.nodes):.2f} us per node)")
 
 
 if __name__ == "__main__":

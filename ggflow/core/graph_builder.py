@@ -131,7 +131,10 @@ class GraphBuilder:
         """The feed-forward block: down(act(up(x))), or down(act(gate(x)) * up(x)) when gated."""
         if kind in (FFN.SILU_GATED, FFN.GELU_GATED):
             act = ops.silu if kind is FFN.SILU_GATED else ops.gelu
-            h = ops.mul(act(self.linear(x, gate, gate_b)), self.linear(x, up, up_b))
+            # up first: the graph then runs gate, act and mul one after another, a chain a backend can
+            # fuse (the CPU's fusion.py); a product of two floats is the same bits in either order
+            up_x = self.linear(x, up, up_b)
+            h = ops.mul(up_x, act(self.linear(x, gate, gate_b)))
         else:
             h = ops.gelu(self.linear(x, up, up_b))
         return self.linear(h, down, down_b)

@@ -29,6 +29,10 @@ class TensorArrays:
 
     def __init__(self, substitutes: Mapping[Tensor, Tensor] | None = None):
         self.substitutes = substitutes or {}
+        # What the kernels of one plan share, by a key of their own (rope: the cos/sin tables of a set of
+        # positions; matmuls: activation buffers). Kernels are bound in the order they run, and one plan
+        # never runs two at once.
+        self.shared: dict = {}
 
     def view(self, t: Tensor) -> np.ndarray:
         memory_of, offset = substituted_memory(t, self.substitutes, "CPU")

@@ -1,13 +1,18 @@
 """CPUBackend: runs every op on the host with numba and numpy kernels; the fallback of last resort.
 
 compile() binds each node's kernel to numpy views of its sources and destination once, so running the
-plan again (every decode step of a reused graph) costs one Python call per node. Kernels are imported on
-first compile, so registering the backend (``ggflow plugins``) does not load numba.
+plan again (every decode step of a reused graph) costs one Python call per node, fewer where a chain of
+nodes runs as one fused kernel (fusion.py). A plan runs with numpy's overflow and invalid warnings off:
+kernels compute what ggml computes (an exp that overflows to inf, a row masked everywhere to NaN), and
+one setting per run costs less than one per kernel. Kernels are imported on first compile, so
+registering the backend (``ggflow plugins``) does not load numba.
 """
 from __future__ import annotations
 
 from functools import partial
 from typing import Callable, ClassVar, Mapping, Sequence
+
+import numpy as np
 
 from ggflow.core.backend import Backend, BackendOptions, HostBuffer
 from ggflow.core.ops import PURE_VIEWS, Op, plugin_op
@@ -28,18 +33,17 @@ class CPUPlan:
         self.n_threads = n_threads
 
     def __call__(self) -> None:
-        if self.n_threads is None:
-            for kernel in self.kernels:
-                kernel()
-            return
         import numba
         previous = numba.get_num_threads()
-        numba.set_num_threads(self.n_threads)
+        if self.n_threads is not None and self.n_threads != previous:
+            numba.set_num_threads(self.n_threads)
         try:
-            for kernel in self.kernels:
-                kernel()
+            with np.errstate(over="ignore", invalid="ignore"):
+                for kernel in self.kernels:
+                    kernel()
         finally:
-            numba.set_num_threads(previous)
+            if numba.get_num_threads() != previous:
+                numba.set_num_threads(previous)
 
 
 class CPUBackend(Backend):
@@ -54,6 +58,7 @@ class CPUBackend(Backend):
             import numba
             n_threads = min(int(n_threads), numba.config.NUMBA_NUM_THREADS)
         self.n_threads = n_threads
+        self.fuse = True   # run chains of nodes as one kernel (fusion.py); off: one kernel per node
         self._weights = None  # PackedWeights, made on first use (it imports the kernels)
 
     def alloc_buffer(self, size: int) -> HostBuffer:
@@ -76,17 +81,25 @@ class CPUBackend(Backend):
     def compile(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> CPUPlan:
         from ggflow.backends_builtin.cpu.arrays import TensorArrays
         arrays = TensorArrays(substitutes)
-        binders = {**_kernel_binders(), Op.MUL_MAT: partial(_mul_mat_binder(), weights=self.packed_weights)}
-        kernels = []
-        for node in nodes:
-            if node.op in PURE_VIEWS or node.nelements == 0:
+        binders = {**_kernel_binders(), Op.MUL_MAT: partial(_mul_mat_binder(), weights=self.packed_weights,
+                                                              n_threads=self.n_threads)}
+        from ggflow.backends_builtin.cpu.fusion import bind_fused
+        steps = [n for n in nodes if n.op not in PURE_VIEWS and n.nelements != 0]   # views compute nothing
+        kernels, i = [], 0
+        while i < len(steps):
+            fused = bind_fused(steps, i, arrays) if self.fuse else None
+            if fused is not None:
+                kernels.append(fused[0])
+                i += fused[1]
                 continue
+            node = steps[i]
             bind = binders.get(node.op) or _reference_binder(node.op)
             if bind is None:
                 raise BackendError(f"the cpu backend has no kernel for op {node.op!r} (node {node!r}) and no "
                                    f"plugin registered it (ggflow.core.ops.register_op); it runs: "
                                    f"{', '.join(sorted(binders))}")
             kernels.append(bind(node, arrays))
+            i += 1
         return CPUPlan(kernels, self.n_threads)
 
     def compute(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> None:

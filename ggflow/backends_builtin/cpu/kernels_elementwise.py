@@ -78,12 +78,25 @@ def bind_scale(node: Tensor, arrays: TensorArrays) -> Kernel:
 
 # -- silu ----------------------------------------------------------------------------------------
 def silu_f32(x: np.ndarray, out: np.ndarray) -> None:
-    """out = x / (1 + exp(-x)), computed in float32 (out may be F16: rounded once)."""
-    with np.errstate(over="ignore"):   # exp(-x) overflows to inf for x < -88: x/inf = -0, as in C
-        t = np.negative(x, dtype=F32)
-        np.exp(t, out=t)
-        t += np.float32(1.0)
-        np.divide(x, t, out=out, dtype=F32)
+    """out = x / (1 + exp(-x)), computed in float32 (out may be F16: rounded once).
+
+    exp(-x) overflows to inf for x < -88 (x/inf = -0, as in C): a compiled plan runs with numpy's overflow
+    warning off, so other callers see a RuntimeWarning there, and the same values."""
+    t = np.negative(x, dtype=F32)
+    np.exp(t, out=t)
+    t += np.float32(1.0)
+    np.divide(x, t, out=out, dtype=F32)
+
+
+@njit(cache=True, fastmath=False, error_model="numpy")
+def silu_from_exp_mul(x, t, s, u, z):
+    """s = x / (t + 1) for t = exp(-x): silu_f32's last two steps, then z = u * s (the mul of a gated FFN).
+    1-D float32 arrays; fusion.py's silu -> mul chain."""
+    one = np.float32(1.0)
+    for i in range(x.shape[0]):
+        v = x[i] / (t[i] + one)
+        s[i] = v
+        z[i] = u[i] * v
 
 
 def bind_silu(node: Tensor, arrays: TensorArrays) -> Kernel:

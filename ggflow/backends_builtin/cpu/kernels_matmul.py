@@ -32,6 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order
+from ggflow.backends_builtin.cpu import thread_choice
 from ggflow.backends_builtin.cpu.arrays import F32, TensorArrays, from_f32, to_f32
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.core.types import TypeTraits, type_traits
@@ -92,15 +93,17 @@ class PackedWeights:
         return len(self._packs)
 
 
-def bind_mul_mat(node: Tensor, arrays: TensorArrays, weights: PackedWeights) -> Kernel:
+def bind_mul_mat(node: Tensor, arrays: TensorArrays, weights: PackedWeights, n_threads: int | None = None) -> Kernel:
+    """n_threads: the threads the plan runs on (None: numba's count), for the packed kernels' choice."""
     a, b = node.src
     packs = weights.get(a) if a not in arrays.substitutes else None
     if packs is not None:
-        return _bind_packed(packs, weights.kernels, node, arrays)
+        return _bind_packed(packs, weights.kernels, node, arrays, n_threads)
     return _bind_generic(node, arrays)
 
 
-def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arrays: TensorArrays) -> Kernel:
+def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arrays: TensorArrays,
+                 n_threads: int | None) -> Kernel:
     a, b = node.src
     x_view, out = arrays.view(b), arrays.view(node)        # (B3, B2, n, k), (B3, B2, n, m)
     k, m = a.ne[0], a.ne[1]
@@ -110,6 +113,8 @@ def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arra
 
     if a.ne[2] == a.ne[3] == 1:
         pack, out_rows = packs[0][0], out.reshape(-1, m)    # node results are contiguous: a view
+        if b.type.name == "F32" and x_view.flags.c_contiguous:   # x read where it lies: bound once
+            return kernels.bind_mul_mat(pack, x_view.reshape(-1, k), out_rows, n_threads, arrays.shared)
         return lambda: kernels.mul_mat(pack, load_x().reshape(-1, k), out_rows)
 
     r3, r2 = b.ne[3] // a.ne[3], b.ne[2] // a.ne[2]
@@ -169,9 +174,10 @@ def _bind_fixed_order(node: Tensor, arrays: TensorArrays) -> Kernel:
     a, b = node.src
     a_view, b_view, out = arrays.view(a), arrays.view(b), arrays.view(node)
     k, m, n_rows = a.ne[0], a.ne[1], b.ne[1] * b.ne[2] * b.ne[3]
-    parallel = n_rows * m * k >= fixed_order.PARALLEL_MIN_MACS
-    kernel = fixed_order.mul_mat_fixed_order_parallel if parallel else fixed_order.mul_mat_fixed_order_serial
     a_shape = (a.ne[3], a.ne[2], m, k)                              # a_view's rows are bytes if quantized
+    kernel = fixed_order.mul_mat_fixed_order_serial
+    if n_rows * m * k >= fixed_order.PARALLEL_MIN_MACS:   # parallel or serial, whichever is faster now
+        kernel = thread_choice.adaptive(("fixed order", a_shape, b_view.shape), fixed_order.mul_mat_fixed_order_parallel, kernel)
     tasks = fixed_order.n_tasks(a_shape, b_view.shape)
     a_native, x_native = _native_operand(a_view, a.type), _native_operand(b_view, b.type)
     a_memory = fixed_order.as_memory(a_native) if a_native is not None else None

@@ -103,3 +103,24 @@ def _bind_normalize(kind: int, node: Tensor, arrays: TensorArrays) -> Kernel:
         kernel(kind, to_f32(a_view, a.type), y, eps)
         target.flush()
     return run_converted
+
+
+# -- fused chains (fusion.py): the same row functions, one call for the chain ---------------------------
+@njit(cache=True, fastmath=False, error_model="numpy")
+def rms_norm_mul_rows(x, y, w, z, eps):
+    """y = rms_norm(x), z = y * w (w one row, broadcast): the rms_norm and mul kernels, row by row."""
+    for r in range(x.shape[0]):
+        rms_norm_row(x[r], y[r], eps)
+        for i in range(x.shape[1]):
+            z[r, i] = y[r, i] * w[i]
+
+
+@njit(cache=True, fastmath=False, error_model="numpy")
+def add_rms_norm_mul_rows(a, b, s, y, w, z, eps):
+    """s = a + b, then rms_norm_mul_rows(s, y, w, z): a residual add and the next norm in one call."""
+    for r in range(a.shape[0]):
+        for i in range(a.shape[1]):
+            s[r, i] = a[r, i] + b[r, i]
+        rms_norm_row(s[r], y[r], eps)
+        for i in range(a.shape[1]):
+            z[r, i] = y[r, i] * w[i]

@@ -123,9 +123,30 @@ def bind_rope(node: Tensor, arrays: TensorArrays) -> Kernel:
     neox = mode == ROPE_NEOX
     rotate = driver_for(node.nelements, rotate_parallel, rotate_serial)
 
+    tables, computes = _tables_for(node, arrays)
+
     def run() -> None:
-        factors = factors_view if read_factors_as_is else to_f32(factors_view, ff.type)
-        cos, sin = rope_cache(pos_view, factors, has_factors, n_dims, n_ctx_orig, *floats)
-        rotate(to_f32(a_view, a.type), cos, sin, y, neox)
+        if computes:
+            factors = factors_view if read_factors_as_is else to_f32(factors_view, ff.type)
+            tables[:] = rope_cache(pos_view, factors, has_factors, n_dims, n_ctx_orig, *floats)
+        rotate(to_f32(a_view, a.type), tables[0], tables[1], y, neox)
         target.flush()
     return run
+
+
+def _tables_for(node: Tensor, arrays: TensorArrays) -> tuple[list, bool]:
+    """The [cos, sin] list this node reads, and whether its kernel fills it (at every run).
+
+    Every rope of a plan over the same positions with the same parameters (Q and K of each of a model's
+    layers) turns by the same angles: the first of them computes the tables, the rest read them. That
+    holds while nothing in the plan writes the positions or the frequency factors between them: they
+    must be leaves (graph inputs, weights), which no node of a graph computes."""
+    sources = node.src[1:]
+    if not all(s.is_leaf and s.view_src is None for s in sources):
+        return [None, None], True
+    key = ("rope", *sources, node.src[0].ne[2], tuple(node.op_params))
+    tables = arrays.shared.get(key)
+    if tables is None:
+        tables = arrays.shared[key] = [None, None]
+        return tables, True
+    return tables, False

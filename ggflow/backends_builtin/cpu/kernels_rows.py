@@ -1,4 +1,6 @@
-"""Data movement: get_rows, set_rows, cpy, cont. Vectorized numpy over all rows at once.
+"""Data movement: get_rows, set_rows, cpy, cont. Vectorized numpy over all rows at once, but for set_rows
+from F32 into F32 or F16 (every KV-cache write): one numba call that checks the ids and copies, rounding
+to F16 as numpy does (c_arith.f32_bits_to_f16_bits), where numpy took a min, a max and a fancy assignment.
 
 Conversions follow ggml: any type is read through its to_float (get_rows of a quantized embedding), F32 ->
 F16 rounds to nearest even, and a quantized destination is written through its from_float. A copy between
@@ -10,7 +12,9 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+from numba import njit
 
+from ggflow.backends_builtin.cpu.c_arith import f32_bits_to_f16_bits
 from ggflow.backends_builtin.cpu.arrays import TensorArrays, from_f32, is_native_float, store, to_f32
 from ggflow.core.tensor import Tensor
 from ggflow.errors import BackendError
@@ -18,8 +22,30 @@ from ggflow.errors import BackendError
 Kernel = Callable[[], None]
 
 
+@njit(cache=True)
+def rows_in_range(ids, n_rows):
+    """One pass instead of numpy's min and max: a decode step checks 60 one-element id arrays."""
+    for i in ids.flat:
+        if i < 0 or i >= n_rows:
+            return False
+    return True
+
+
+@njit(cache=True)
+def copy_rows_from_f32(dst, src, ids, n_rows):
+    """dst row ids[i] = src row i for float32 src (as uint32 bits) into float32 or float16 (uint16) dst,
+    rounded to nearest even as numpy's astype; False, nothing written, when an id is out of range."""
+    if not rows_in_range(ids, n_rows):
+        return False
+    for i in range(ids.shape[0]):
+        row = dst[ids[i]]
+        for j in range(src.shape[1]):
+            row[j] = f32_bits_to_f16_bits(src[i, j]) if dst.itemsize == 2 else src[i, j]
+    return True
+
+
 def check_row_ids(ids: np.ndarray, n_rows: int, node: Tensor) -> None:
-    if ids.size and (ids.min() < 0 or ids.max() >= n_rows):
+    if not rows_in_range(ids, n_rows):
         bad = ids[(ids < 0) | (ids >= n_rows)].reshape(-1)[0]
         label = f"{node.op} {node.name!r}" if node.name else node.op
         raise BackendError(f"{label}: row id {int(bad)} is outside 0..{n_rows - 1}")
@@ -48,6 +74,15 @@ def bind_set_rows(node: Tensor, arrays: TensorArrays) -> Kernel:
     dst_rows = arrays.view(node)[0, 0]        # (dst rows, ne0 or row bytes)
     src_rows = arrays.view(src)[0, 0]         # (n, ne0)
     ids = arrays.view(rows)[0, 0, 0]          # (n,)
+    if src.type.name == "F32" and dst.type.name in ("F16", "F32") and src_rows.strides[-1] == 4:
+        # a KV-cache write: one numba call (check and copy), not numpy's min, max and fancy assignment
+        src_bits, dst_bits = src_rows.view(np.uint32), dst_rows.view(np.uint16 if dst.type.name == "F16" else np.uint32)
+        n_rows = dst.ne[1]
+
+        def run_f32() -> None:
+            if not copy_rows_from_f32(dst_bits, src_bits, ids, n_rows):
+                check_row_ids(ids, n_rows, node)
+        return run_f32
     direct = is_native_float(src.type) and is_native_float(dst.type)
 
     def run() -> None:

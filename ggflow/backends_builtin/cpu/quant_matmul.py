@@ -23,13 +23,16 @@ n == 1 (decode) and small n take the matvec path (one decode-and-multiply pass p
 the batched one, which decodes each block of a row tile once and reuses it for all tokens (the
 switch is in the skeleton, ``_qmm_template.MATVEC_MAX_TOKENS``).
 Threads: numba's prange over row tiles, as many as ``numba.set_num_threads`` allows; products below
-``PARALLEL_MIN_MACS`` run on the calling thread.
+``PARALLEL_MIN_MACS``, and every product on one thread, run on the calling thread; ``bind_mul_mat``'s
+bigger ones run parallel or serial, whichever is faster now (``thread_choice``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
+import numba
 import numpy as np
 from numba import typeof
 
@@ -38,6 +41,7 @@ from ggflow.backends_builtin.cpu import _qmm_float as flt
 from ggflow.backends_builtin.cpu import _qmm_kquants as kq
 from ggflow.backends_builtin.cpu import _qmm_legacy as leg
 from ggflow.backends_builtin.cpu import _qmm_template as tmpl
+from ggflow.backends_builtin.cpu import thread_choice
 from ggflow.backends_builtin.cpu._qmm_layout import TILE
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 from ggflow.core.types import TypeTraits, type_traits
@@ -276,22 +280,76 @@ def _pack_converted(w: np.ndarray, traits: TypeTraits, rows: int, k: int) -> Pac
 def mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
     """out[i, r] = dot(W[r], x[i]) for x (n, k) float32; out (n, rows) float32 is written in place."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.ndim != 2 or x.shape[1] != pw.k:
-        raise ShapeError(f"mul_mat: activations of shape {x.shape} do not match a weight of "
-                         f"{pw.rows} rows x {pw.k} columns (want (n, {pw.k}))")
-    n = x.shape[0]
-    if out.shape != (n, pw.rows) or out.dtype != np.float32:
-        raise ShapeError(f"mul_mat: out must be float32 of shape {(n, pw.rows)}, got {out.dtype} {out.shape}")
-    if n == 0 or pw.rows == 0:
+    _check_shapes(pw, x, out)
+    if x.shape[0] == 0 or pw.rows == 0:
         return
-    target = out if out.flags.c_contiguous else np.empty((n, pw.rows), np.float32)
-    kernel = pw.drivers.get(n * pw.rows * pw.k >= PARALLEL_MIN_MACS)
+    target = out if out.flags.c_contiguous else np.empty(out.shape, np.float32)
+    kernel = pw.drivers.get(use_parallel(x.shape[0] * pw.rows * pw.k, numba.get_num_threads()))
     if pw.vec_dot_type is None:
         kernel(pw.kind, pw.arrays[0], pw.rounding(x) if pw.rounding else x, target)
     else:
         kernel(pw.kind, pw.arrays, *quantize_activations(x, pw.vec_dot_type), target)
     if target is not out:
         out[...] = target
+
+
+def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: int | None = None,
+                 scratch: dict | None = None) -> Callable[[], None]:
+    """``mul_mat(pw, x, out)`` prepared once for arrays whose memory stays put (a compiled plan's views).
+
+    The checks, the choice of kernel and the activation buffers are settled here, so a call is one
+    quantization and one kernel: what mul_mat costs on top of them (~2 us) is paid per plan, not per
+    step. n_threads: what the call runs on (None: numba's count now); one thread always runs serially.
+    A product big enough for threads runs parallel or serial, whichever its size's recent calls found
+    faster (thread_choice: a busy machine makes the parallel one the slower). scratch: a dict shared by
+    calls that never run at the same time (one plan's), which then share one set of activation buffers
+    per type and shape (a prompt's would otherwise hold n x k int16 per weight); None: buffers of its own.
+    """
+    _check_shapes(pw, x, out)
+    if not (x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous) or 0 in out.shape:
+        return lambda: mul_mat(pw, x, out)
+    threads = numba.get_num_threads() if n_threads is None else n_threads
+    parallel_ok = use_parallel(x.shape[0] * pw.rows * pw.k, threads)
+    size_key = (pw.w_type, *x.shape, pw.rows, threads)
+    if pw.vec_dot_type is None:    # the parallel driver is compiled on its first call, not here
+        if pw.rounding is None:
+            serial = partial(pw.serial, pw.kind, pw.arrays[0], x, out)
+            parallel = lambda: pw.parallel(pw.kind, pw.arrays[0], x, out)                # noqa: E731
+        else:
+            serial = lambda: pw.serial(pw.kind, pw.arrays[0], pw.rounding(x), out)       # noqa: E731
+            parallel = lambda: pw.parallel(pw.kind, pw.arrays[0], pw.rounding(x), out)   # noqa: E731
+        return thread_choice.adaptive(size_key, parallel, serial) if parallel_ok else serial
+    quantize = _ACTIVATION_QUANTIZERS[pw.vec_dot_type]
+    key = ("activations", pw.vec_dot_type, *x.shape)
+    buffers = scratch.get(key) if scratch is not None else None
+    if buffers is None:
+        buffers = quantize_activations(x, pw.vec_dot_type)   # the buffers; refilled at every call
+        if scratch is not None:
+            scratch[key] = buffers
+    args = (pw.kind, pw.arrays, *buffers, out)
+    product = partial(pw.serial, *args)
+    if parallel_ok:   # parallel or serial, whichever is faster now (the parallel driver compiles on first try)
+        product = thread_choice.adaptive(size_key, lambda: pw.parallel(*args), product)
+    xq, d, extra = buffers
+
+    def run_quantized() -> None:
+        quantize(x, xq, d, extra)
+        product()
+    return run_quantized
+
+
+def use_parallel(macs: int, n_threads: int) -> bool:
+    """Whether a product of this many multiply-adds runs on numba's threads (see PARALLEL_MIN_MACS)."""
+    return n_threads > 1 and macs >= PARALLEL_MIN_MACS
+
+
+def _check_shapes(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
+    if x.ndim != 2 or x.shape[1] != pw.k:
+        raise ShapeError(f"mul_mat: activations of shape {x.shape} do not match a weight of "
+                         f"{pw.rows} rows x {pw.k} columns (want (n, {pw.k}))")
+    n = x.shape[0]
+    if out.shape != (n, pw.rows) or out.dtype != np.float32:
+        raise ShapeError(f"mul_mat: out must be float32 of shape {(n, pw.rows)}, got {out.dtype} {out.shape}")
 
 
 def quantize_activations(x: np.ndarray, vec_dot_type: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -315,5 +373,8 @@ def quantize_activations(x: np.ndarray, vec_dot_type: str) -> tuple[np.ndarray, 
     return xq, d, extra
 
 
-__all__ = ["SUPPORTED_TYPES", "PackedWeight", "pack_weight", "mul_mat", "has_kernel", "cpu_pieces",
+_ACTIVATION_QUANTIZERS = {"Q8_0": act.quantize_q8_0, "Q8_1": act.quantize_q8_1, "Q8_K": act.quantize_q8_K}
+
+
+__all__ = ["SUPPORTED_TYPES", "PackedWeight", "pack_weight", "mul_mat", "bind_mul_mat", "has_kernel", "cpu_pieces",
            "quantize_activations", "TILE"]

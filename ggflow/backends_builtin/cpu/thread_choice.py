@@ -1,0 +1,88 @@
+"""Whether a parallel kernel pays now: a choice made per call from what recent calls of that size took.
+
+Two threads pay only while the second core is free. On a machine whose cores other processes want, a
+parallel region waits for a scheduler slice at its start or its end (docs/performance.md, "Threads"),
+and then the same product on the calling thread alone is faster: ``-t 2`` was slower than ``-t 1``.
+So each product size (a weight's shape times a token count, on a thread count) keeps the smoothed time
+of its recent parallel and serial calls, runs the faster way, and now and then tries the other, which
+follows the load as it changes: a probe that beats the way in use takes over at once; a probe that loses
+doubles the calls until the next one (FIRST_PROBE_AFTER up to LAST_PROBE_AFTER), since a losing parallel
+probe on a busy machine costs a whole scheduler slice. Results do not depend on the choice: every kernel
+computes each output row the same way on any thread.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Hashable
+
+FIRST_PROBE_AFTER = 16    # calls the faster way between two tries of the other, after a change of way
+LAST_PROBE_AFTER = 256    # ... growing to this while the tries keep losing
+SMOOTHING = 0.25          # weight of the newest call in a way's running time: a preempted call fades in a few
+
+
+class ThreadChoice:
+    """The running times of one product size, serial ([0]) and parallel ([1])."""
+
+    __slots__ = ("seconds", "seen", "until_probe", "probe_after")
+
+    def __init__(self) -> None:
+        self.seconds: list[float | None] = [None, None]
+        self.seen = [0, 0]
+        self.until_probe = self.probe_after = FIRST_PROBE_AFTER
+
+    @property
+    def faster(self) -> bool:
+        """The way in use: True for parallel."""
+        serial, parallel = self.seconds
+        return parallel is None or (serial is not None and parallel <= serial)
+
+    def parallel_now(self) -> bool:
+        if None in self.seconds:
+            return self.seconds[1] is None   # parallel first, then serial, two calls each
+        self.until_probe -= 1
+        if self.until_probe > 0:
+            return self.faster
+        self.until_probe = self.probe_after
+        return not self.faster
+
+    def record(self, parallel: bool, seconds: float) -> None:
+        self.seen[parallel] += 1
+        if self.seen[parallel] == 1:
+            return   # a kernel's first call may include loading it from numba's cache
+        old, in_use = self.seconds[parallel], self.faster
+        if old is None or (parallel != in_use and seconds < self.seconds[in_use]):
+            self.seconds[parallel] = seconds            # a first time, or a probe that wins: taken as it is
+        else:
+            self.seconds[parallel] = old + SMOOTHING * (seconds - old)
+        if None in self.seconds or parallel == in_use:
+            return
+        if self.faster == in_use:                       # the probe lost: try less often
+            self.probe_after = min(2 * self.probe_after, LAST_PROBE_AFTER)
+        else:
+            self.probe_after = FIRST_PROBE_AFTER
+        self.until_probe = self.probe_after
+
+
+_choices: dict[Hashable, ThreadChoice] = {}
+
+
+def choice_for(key: Hashable) -> ThreadChoice:
+    """The one ThreadChoice of a product size, shared by every plan that runs it."""
+    choice = _choices.get(key)
+    if choice is None:
+        choice = _choices[key] = ThreadChoice()
+    return choice
+
+
+def adaptive(key: Hashable, parallel: Callable[..., None], serial: Callable[..., None]) -> Callable[..., None]:
+    """A function that calls ``parallel`` or ``serial`` (the same product, the same arguments), whichever
+    the key's recent calls found faster."""
+    choice = choice_for(key)
+    clock = time.perf_counter
+
+    def run(*args) -> None:
+        use_parallel = choice.parallel_now()
+        start = clock()
+        (parallel if use_parallel else serial)(*args)
+        choice.record(use_parallel, clock() - start)
+    return run

@@ -1,0 +1,51 @@
+"""thread_choice: a product runs parallel or serial, whichever its recent calls found faster."""
+from __future__ import annotations
+
+from ggflow.backends_builtin.cpu import thread_choice
+from ggflow.backends_builtin.cpu.thread_choice import FIRST_PROBE_AFTER, LAST_PROBE_AFTER, ThreadChoice
+
+
+def run_calls(choice: ThreadChoice, n: int, seconds: dict[bool, float]) -> list[bool]:
+    """n calls where a parallel call takes seconds[True] and a serial one seconds[False]; the ways taken."""
+    taken = []
+    for _ in range(n):
+        way = choice.parallel_now()
+        choice.record(way, seconds[way])
+        taken.append(way)
+    return taken
+
+
+def test_the_first_calls_try_parallel_then_serial_not_counting_either_first_call():
+    choice = ThreadChoice()
+    assert run_calls(choice, 4, {True: 1.0, False: 2.0}) == [True, True, False, False]
+    assert choice.seconds == [2.0, 1.0] and choice.faster
+
+
+def test_probes_that_keep_losing_come_less_and_less_often():
+    choice = ThreadChoice()
+    taken = run_calls(choice, 4 + 2000, {True: 1.0, False: 2.0})[4:]
+    probes = [i for i, way in enumerate(taken) if not way]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[0] == FIRST_PROBE_AFTER * 2 and gaps[-1] == LAST_PROBE_AFTER
+    assert gaps == sorted(gaps)
+
+
+def test_a_busy_second_core_turns_the_choice_to_serial_and_one_winning_probe_turns_it_back():
+    choice = ThreadChoice()
+    run_calls(choice, 8, {True: 1.0, False: 2.0})
+    run_calls(choice, 40, {True: 5.0, False: 2.0})
+    assert not choice.faster                                  # busy: serial
+    busy = run_calls(choice, 200, {True: 5.0, False: 2.0})
+    assert busy.count(True) <= 200 // FIRST_PROBE_AFTER       # but for the probes
+    free = run_calls(choice, 2 * LAST_PROBE_AFTER, {True: 1.0, False: 2.0})
+    assert free[-LAST_PROBE_AFTER // 2:].count(False) <= 1    # the first probe saw parallel fast again
+
+
+def test_adaptive_calls_the_way_chosen_with_the_arguments_and_shares_the_choice_per_key():
+    calls = []
+    key = ("test", object())
+    run = thread_choice.adaptive(key, lambda v: calls.append(("parallel", v)), lambda v: calls.append(("serial", v)))
+    for i in range(4):
+        run(i)
+    assert calls[:2] == [("parallel", 0), ("parallel", 1)] and calls[2:] == [("serial", 2), ("serial", 3)]
+    assert thread_choice.choice_for(key).seen == [2, 2]
