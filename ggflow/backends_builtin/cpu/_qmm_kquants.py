@@ -241,8 +241,9 @@ def _sum_q6_hs(ql, qh, t, b, xq, i, o, h, s, part):
 
 
 @njit(cache=True, inline="always")
-def _sum_q6_block(ql, qh, t, b, xq, i, o, part):
+def _sum_q6_block(w, t, b, xq, i, o, part):
     # literal s: the high-bit shifts depend on it and must be constants
+    ql, qh = w[0], w[1]
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 0, 0, part)
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 0, 1, part)
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 1, 0, part)
@@ -291,11 +292,12 @@ def _acc_k4(acc, part, per_sub, sc, mn, d, dmin, dy, bsums, i, b):
 
 
 @njit(cache=True, inline="always")
-def _acc_q6_k(acc, part, sc, d, dy):
+def _acc_q6_k(acc, part, w, t, b, dx, xe, i):      # w: ql, qh, sc, d
+    sc, d, dy = w[2][t, b], w[3][t, b], dx[i, b]
     for r in range(R):
         isum = I32(0)
         for g in range(16):
-            isum = I32(isum + I32(sc[g, r]) * (I32(part[2 * g, r]) + I32(part[2 * g + 1, r])))
+            isum += I32(sc[g, r]) * (I32(part[2 * g, r]) + I32(part[2 * g + 1, r]))
         acc[r] += (dy * d[r]) * F32(isum)
 
 
@@ -363,11 +365,12 @@ def _decode_q6_k_hs(ql, qh, t, b, h, s, w):
 
 
 @njit(cache=True, inline="always")
-def _decode_q6_k(ql, qh, t, b, w):
-    _decode_q6_k_hs(ql, qh, t, b, 0, 0, w)
-    _decode_q6_k_hs(ql, qh, t, b, 0, 1, w)
-    _decode_q6_k_hs(ql, qh, t, b, 1, 0, w)
-    _decode_q6_k_hs(ql, qh, t, b, 1, 1, w)
+def _decode_q6_k(w, t, b, wd):
+    ql, qh = w[0], w[1]
+    _decode_q6_k_hs(ql, qh, t, b, 0, 0, wd)
+    _decode_q6_k_hs(ql, qh, t, b, 0, 1, wd)
+    _decode_q6_k_hs(ql, qh, t, b, 1, 0, wd)
+    _decode_q6_k_hs(ql, qh, t, b, 1, 1, wd)
 
 
 # ------------------------------------------------------------------------------------ the pieces
@@ -392,11 +395,6 @@ def _q5_k_sums(w, t, b, xq, i, o, part):
 
 
 @njit(cache=True, inline="always")
-def _q6_k_sums(w, t, b, xq, i, o, part):
-    _sum_q6_block(w[0], w[1], t, b, xq, i, o, part)    # literal h, s: faster than loops here
-
-
-@njit(cache=True, inline="always")
 def _q2_k_dec(w, t, b, wd):
     _decode_q2_k(w[0], t, b, wd)
 
@@ -409,11 +407,6 @@ def _q4_k_dec(w, t, b, wd):
 @njit(cache=True, inline="always")
 def _q5_k_dec(w, t, b, wd):
     _decode_q5_k(w[0], w[1], t, b, wd)
-
-
-@njit(cache=True, inline="always")
-def _q6_k_dec(w, t, b, wd):
-    _decode_q6_k(w[0], w[1], t, b, wd)
 
 
 @njit(cache=True, inline="always")
@@ -436,15 +429,10 @@ def _q5_k_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, qh, sc, mn, d, dmin
     _acc_k4(acc, part, 4, w[2][t, b], w[3][t, b], w[4][t, b], w[5][t, b], dx[i, b], xe, i, b)
 
 
-@njit(cache=True, inline="always")
-def _q6_k_acc(acc, part, w, t, b, dx, xe, i):      # w: ql, qh, sc, d
-    _acc_q6_k(acc, part, w[2][t, b], w[3][t, b], dx[i, b])
-
-
 PIECES = {
     "Q2_K": BlockPieces(QK, 16, pack_q2_k, _q2_k_sums, _q2_k_dec, _q2_k_acc),
     "Q3_K": BlockPieces(QK, 16, pack_q3_k, _q4_k_sums, _q4_k_dec, _q3_k_acc),
     "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc),
     "Q5_K": BlockPieces(QK, 32, pack_q5_k, _q5_k_sums, _q5_k_dec, _q5_k_acc),
-    "Q6_K": BlockPieces(QK, 32, pack_q6_k, _q6_k_sums, _q6_k_dec, _q6_k_acc),
+    "Q6_K": BlockPieces(QK, 32, pack_q6_k, _sum_q6_block, _decode_q6_k, _acc_q6_k),
 }
