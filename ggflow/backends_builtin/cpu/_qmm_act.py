@@ -21,7 +21,7 @@ QK8_0 = 32
 QK_K = 256
 
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True, nogil=True, fastmath=False)
 def f16_round(v: float) -> float:
     """Round a non-negative float32 to the nearest float16 (ties to even), as float32.
 
@@ -46,7 +46,7 @@ def _round_half_away(v):
     return -a if v < 0 else a
 
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True, nogil=True, fastmath=False)
 def quantize_q8_0(x, xq, d, xsum):
     """x (n, k) f32 -> xq (n, k) i16, d (n, k//32) f32 (f16-rounded), xsum (n, k//32) i32."""
     n, k = x.shape
@@ -68,7 +68,7 @@ def quantize_q8_0(x, xq, d, xsum):
             xsum[i, b] = s
 
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True, nogil=True, fastmath=False)
 def quantize_q8_1(x, xq, d, xs):
     """Q8_0 plus xs = f16(d * sum(q)) per block, the term Q4_1/Q5_1 mins multiply.
 
@@ -93,12 +93,12 @@ def quantize_q8_1(x, xq, d, xs):
             xs[i, b] = f16_signed_round(F32(F32(s) * db))
 
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True, nogil=True, fastmath=False)
 def f16_signed_round(v):
     return -f16_round(-v) if v < 0 else f16_round(v)
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")   # C's 1 / -0.0 = -inf for an infinite row, not a raise
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")   # C's 1 / -0.0 = -inf for an infinite row, not a raise
 def quantize_q8_K(x, xq, d, bsums):
     """x (n, k) f32 -> xq (n, k) i16, d (n, k//256) f32, bsums (n, k//16) i32 (sums of 16)."""
     n, k = x.shape

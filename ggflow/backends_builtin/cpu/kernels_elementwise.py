@@ -88,7 +88,7 @@ def silu_f32(x: np.ndarray, out: np.ndarray) -> None:
     np.divide(x, t, out=out, dtype=F32)
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def silu_from_exp_mul(x, t, s, u, z):
     """s = x / (t + 1) for t = exp(-x): silu_f32's last two steps, then z = u * s (the mul of a gated FFN).
     1-D float32 arrays; fusion.py's silu -> mul chain."""
@@ -114,7 +114,7 @@ def bind_tanh(node: Tensor, arrays: TensorArrays) -> Kernel:
 
 
 # -- gelu ----------------------------------------------------------------------------------------
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def gelu_tanh_f32(x):
     """ggml_gelu_f32 on a float32 array: 0.5*x*(1 + tanh(sqrt(2/pi)*x*(1 + 0.044715*x*x))), with libm's
     tanhf and the one fused multiply-add GCC makes of it (1 + (a*x)*x), as a native ggml build computes."""

@@ -217,7 +217,7 @@ def n_tasks(a_shape: tuple[int, ...], x_shape: tuple[int, ...]) -> int:
     return n_a3 * n_a2 * -(-m // GROUP_COLS) * -(-n_rows // ROWS)
 
 
-@njit(cache=True, fastmath=False, parallel=True)
+@njit(cache=True, nogil=True, fastmath=False, parallel=True)
 def mul_mat_fixed_order_parallel(a, a_shape, a_step, x, out, round_x, n_tasks):
     """a: the memory of a (A3, A2, m, k) operand, 1-D float32 or F16 bits (uint16), read at element steps
     a_step; x (B3, B2, n, k) float32 or F16 bits, any strides; out (B3, B2, n, m) float32. B3 and B2 are
@@ -226,7 +226,7 @@ def mul_mat_fixed_order_parallel(a, a_shape, a_step, x, out, round_x, n_tasks):
         _run_task(a, a_shape, a_step, x, out, round_x, task)
 
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True, nogil=True, fastmath=False)
 def mul_mat_fixed_order_serial(a, a_shape, a_step, x, out, round_x, n_tasks):
     for task in range(n_tasks):
         _run_task(a, a_shape, a_step, x, out, round_x, task)

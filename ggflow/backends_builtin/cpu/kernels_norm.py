@@ -28,7 +28,7 @@ Kernel = Callable[[], None]
 RMS_NORM, NORM = 0, 1
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def rms_norm_row(x, y, eps):
     total = 0.0
     for i in range(x.shape[0]):
@@ -39,7 +39,7 @@ def rms_norm_row(x, y, eps):
         y[i] = x[i] * scale
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def norm_row(x, y, eps):
     n = x.shape[0]
     total = 0.0
@@ -56,7 +56,7 @@ def norm_row(x, y, eps):
         y[i] = (x[i] - mean) * scale
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def normalize_row(kind, x, y, eps):
     if kind == RMS_NORM:
         rms_norm_row(x, y, eps)
@@ -64,7 +64,7 @@ def normalize_row(kind, x, y, eps):
         norm_row(x, y, eps)
 
 
-@njit(cache=True, parallel=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model="numpy")
 def normalize_rows_parallel(kind, x, y, eps):  # x, y: (n3, n2, n1, n0)
     n3, n2, n1, _ = x.shape
     for r in prange(n3 * n2 * n1):
@@ -72,7 +72,7 @@ def normalize_rows_parallel(kind, x, y, eps):  # x, y: (n3, n2, n1, n0)
         normalize_row(kind, x[i3, i2, i1], y[i3, i2, i1], eps)
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def normalize_rows_serial(kind, x, y, eps):
     n3, n2, n1, _ = x.shape
     for i3 in range(n3):
@@ -106,7 +106,7 @@ def _bind_normalize(kind: int, node: Tensor, arrays: TensorArrays) -> Kernel:
 
 
 # -- fused chains (fusion.py): the same row functions, one call for the chain ---------------------------
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def rms_norm_mul_rows(x, y, w, z, eps):
     """y = rms_norm(x), z = y * w (w one row, broadcast): the rms_norm and mul kernels, row by row."""
     for r in range(x.shape[0]):
@@ -115,7 +115,7 @@ def rms_norm_mul_rows(x, y, w, z, eps):
             z[r, i] = y[r, i] * w[i]
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def add_rms_norm_mul_rows(a, b, s, y, w, z, eps):
     """s = a + b, then rms_norm_mul_rows(s, y, w, z): a residual add and the next norm in one call."""
     for r in range(a.shape[0]):

@@ -29,7 +29,7 @@ from ggflow.core.tensor import Tensor
 Kernel = Callable[[], None]
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def yarn_corr_dim(n_dims, n_ctx_orig, n_rot, base):
     """ggml_rope_yarn_corr_dim: the dim at which a pair turns n_rot times over the original context."""
     two = np.float32(2.0)
@@ -37,7 +37,7 @@ def yarn_corr_dim(n_dims, n_ctx_orig, n_rot, base):
     return np.float32(n_dims) * np.log(turns) / (two * np.log(base))
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
     """ggml_rope_yarn_corr_dims: [floor(dim(beta_fast)) clamped at 0, ceil(dim(beta_slow)) at n_dims-1]."""
     start = np.floor(yarn_corr_dim(n_dims, n_ctx_orig, beta_fast, freq_base))
@@ -48,7 +48,7 @@ def yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
     return low, high
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def rope_cache(positions, freq_factors, has_freq_factors, n_dims, n_ctx_orig, freq_base, freq_scale,
                ext_factor, attn_factor, beta_fast, beta_slow):
     """ggml_rope_cache_init for every token: cos and sin (times the magnitude scale), (n_tokens, n_dims/2)."""
@@ -76,7 +76,7 @@ def rope_cache(positions, freq_factors, has_freq_factors, n_dims, n_ctx_orig, fr
     return cos, sin
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def rotate_token(x, cos, sin, y, neox):
     """x, y: (n_head, head_dim) of one token; cos, sin: (n_dims/2,)."""
     half = cos.shape[0]
@@ -91,7 +91,7 @@ def rotate_token(x, cos, sin, y, neox):
             y[h, i] = x[h, i]
 
 
-@njit(cache=True, parallel=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model="numpy")
 def rotate_parallel(x, cos, sin, y, neox):  # x, y: (n3, n_tokens, n_head, head_dim)
     n3, n2 = x.shape[0], x.shape[1]
     for r in prange(n3 * n2):
@@ -99,7 +99,7 @@ def rotate_parallel(x, cos, sin, y, neox):  # x, y: (n3, n_tokens, n_head, head_
         rotate_token(x[i3, i2], cos[i2], sin[i2], y[i3, i2], neox)
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def rotate_serial(x, cos, sin, y, neox):
     for i3 in range(x.shape[0]):
         for i2 in range(x.shape[1]):

@@ -22,7 +22,7 @@ from ggflow.errors import BackendError
 Kernel = Callable[[], None]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rows_in_range(ids, n_rows):
     """One pass instead of numpy's min and max: a decode step checks 60 one-element id arrays."""
     for i in ids.flat:
@@ -31,7 +31,7 @@ def rows_in_range(ids, n_rows):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def copy_rows_from_f32(dst, src, ids, n_rows):
     """dst row ids[i] = src row i for float32 src (as uint32 bits) into float32 or float16 (uint16) dst,
     rounded to nearest even as numpy's astype; False, nothing written, when an id is out of range."""

@@ -38,7 +38,7 @@ def soft_max_rows(x: np.ndarray, mask: np.ndarray | None, scale: np.float32, y: 
     y *= inverse
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def scaled_masked_minus_max(x, mask, has_mask, scale, y):
     """y = x*scale (+ mask) minus its row's max: soft_max_rows up to the exp. mask repeats over dims 3, 2."""
     n3, n2, n1, n0 = y.shape
@@ -58,7 +58,7 @@ def scaled_masked_minus_max(x, mask, has_mask, scale, y):
                     row[i0] = row[i0] - top
 
 
-@njit(cache=True, fastmath=False, error_model="numpy")
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def scale_by_inverse(y, sums):
     """y *= float32(1.0 / sum) per row, sums (n3, n2, n1, 1) float64."""
     n3, n2, n1, n0 = y.shape
