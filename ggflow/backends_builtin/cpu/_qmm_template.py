@@ -13,9 +13,9 @@ at typing time the overload looks the literal up in ``_PIECES`` and returns the 
 type's njit pieces called in it, which numba inlines (``inline="always"``). So each type compiles its
 own machine code, as if its tile function were written by hand, and numba's on-disk cache keeps it:
 the drivers are module-level functions, not closures (factories that close over njit functions never
-hit numba's cache, 11 s of recompiling per run). numba only checks this
-file's timestamp for its cache, so a kind is ``NAME:STAMP`` with STAMP taken from the files the
-pieces come from (``kind_key``): editing a type's pieces changes its key, and so its cache entry.
+hit numba's cache, 11 s of recompiling per run). numba only checks this file's timestamp for its
+cache, so a kind is ``NAME:STAMP`` with STAMP taken from the files the pieces come from (``kind_key``):
+editing a type's pieces changes its key, and so its cache entry.
 
 Calls go to the compiled entry point (``entry_point``), not through the dispatcher: dispatching a
 str argument to a literal specialisation re-runs numba's typing on every call (milliseconds).

@@ -14,9 +14,10 @@ Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K types) with ggml's reference 
 dot products are exact integers, and the scales are applied and accumulated in f32. F16 and BF16
 weights take activations rounded to F16 / BF16; F32 weights take them as they are.
 
-Quantized weights are repacked once into a row-tiled layout (see ``_qmm_layout``): a copy about
-the size of the GGUF data (+1% to +20%: f16 scales widened to f32, 6-bit scales unpacked; Q3_K +35%,
-its quants widened to nibbles); the mmap'd bytes are not kept. F32/F16/BF16 weights are used in
+Quantized weights are repacked once into a row-tiled layout (see ``_qmm_layout``), in runs of
+``PACK_CHUNK_ROWS`` rows: a copy the size of the GGUF data for the 32-element types (f16 scales kept as
+f16), +1% to +5% for the K types (6-bit scales unpacked, f16 super-block scales as f32; Q3_K +35%, its
+quants widened to nibbles); the mmap'd bytes are not kept (the backend gives their pages back). F32/F16/BF16 weights are used in
 place (a reference to ``w``, no copy). docs/performance.md has the per-type figures and speeds.
 
 n == 1 (decode) and small n take the matvec path (one decode-and-multiply pass per token); larger n
