@@ -224,6 +224,17 @@ def test_gemma3_keeps_its_local_layers_in_a_window_sized_cache(model):
     assert full == cell_bytes * 18 * 8192 == 150_994_944   # 3.7x the iswa memory
 
 
+@pytest.mark.parametrize("n_ctx", [8192, 700, 256])
+def test_the_memory_estimate_counts_the_window_cache(model, n_ctx):
+    """What LLM checks against the free memory before allocating is what the iswa memory allocates."""
+    from ggflow.api.memory_estimate import estimate_context_memory
+    hp = model.hparams
+    ctx = Context(model, n_ctx=n_ctx, n_ubatch=512, backends="cpu", n_threads=1)
+    cells = model.arch.kv_cells(hp, n_ctx, 512)
+    assert estimate_context_memory(hp, n_ctx, 512, cells=cells).kv_bytes == ctx.memory.nbytes
+    assert sum(cells) < hp.n_layer * n_ctx or n_ctx <= 1024     # fewer cells once the window cache is smaller
+
+
 def test_past_the_window_cache_the_logits_move_no_more_than_cell_order_moves_the_full_caches(model, reference):
     """832 tokens (the reference's 632 and 200 more) in batches of 208 through a 1024-cell context: the
     window cache (768 cells) first reuses cells in the batch at 624, whose logits are compared. A local

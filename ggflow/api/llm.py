@@ -79,7 +79,8 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
             raise ArgumentError("context_shift", True, "False for this model: its keys have no RoPE, so cached "
                                 "keys cannot move to new positions")
         size = n_ctx or min(hp.n_ctx_train, 4096)
-        check_context_fits(hp, size, n_ubatch, type_k, type_v)
+        check_context_fits(hp, size, n_ubatch, type_k, type_v,
+                           cells=self.model.arch.kv_cells(hp, size, n_ubatch))
         self.context = Context(self.model, n_ctx=size, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
                                backends=backend, n_threads=n_threads)
 

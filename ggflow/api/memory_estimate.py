@@ -1,6 +1,7 @@
 """What a context of n_ctx tokens costs in memory, worked out before anything is allocated.
 
-The KV cache is exact (every layer's K and V rows for every cell, in the cache types); the compute buffer is
+The KV cache is exact (every layer's K and V rows for each of its cells, in the cache types: n_ctx cells, or
+what the architecture's ``kv_cells`` says, e.g. a window-sized cache for sliding-window layers); the compute buffer is
 an upper estimate of one ubatch's largest live tensors at a full context (logits, the attention scores and
 their softmax, the layer activations). A context that needs more than the memory available is refused with
 both figures, instead of ending in an allocation failure deep inside numpy.
@@ -26,13 +27,14 @@ class ContextMemory:
 
 
 def estimate_context_memory(hparams, n_ctx: int, n_ubatch: int, type_k: str = "F16",
-                            type_v: str = "F16") -> ContextMemory:
+                            type_v: str = "F16", cells: list[int] | None = None) -> ContextMemory:
+    """cells: the cells each layer keeps (``Architecture.kv_cells``); None: n_ctx for every layer."""
     from ggflow.core.types import type_traits
 
     hp = hparams
     k_row = type_traits(type_k).row_bytes(hp.n_embd_k_gqa)
     v_row = type_traits(type_v).row_bytes(hp.n_embd_v_gqa)
-    kv = hp.n_layer * n_ctx * (k_row + v_row)
+    kv = (hp.n_layer * n_ctx if cells is None else sum(cells)) * (k_row + v_row)
     n_ub = max(1, min(n_ubatch, n_ctx))
     scores = 2 * hp.n_head * n_ub * n_ctx * _F32                 # KQ and softmax(KQ)
     activations = n_ub * (6 * hp.n_embd + 3 * hp.n_ff) * _F32    # residual, norms, QKV, FFN gate/up/down
@@ -62,9 +64,9 @@ def _gib(n: int) -> str:
 
 
 def check_context_fits(hparams, n_ctx: int, n_ubatch: int, type_k: str = "F16", type_v: str = "F16",
-                       available: int | None = None) -> ContextMemory:
+                       available: int | None = None, cells: list[int] | None = None) -> ContextMemory:
     """The estimate, or ContextMemoryError when it exceeds the memory available."""
-    need = estimate_context_memory(hparams, n_ctx, n_ubatch, type_k, type_v)
+    need = estimate_context_memory(hparams, n_ctx, n_ubatch, type_k, type_v, cells)
     available = available_memory() if available is None else available
     if available is not None and need.total > available:
         raise ContextMemoryError(

@@ -41,6 +41,12 @@ class Architecture(ABC):
         from ggflow.core.kv_cache import KVCache
         return KVCache(hp, n_ctx, backend, type_k, type_v)
 
+    def kv_cells(self, hp: HParams, n_ctx: int, n_ubatch: int) -> list[int]:
+        """How many cells of K and V each layer's memory keeps for a context of n_ctx: what the memory
+        estimate counts before anything is allocated (``api.memory_estimate``). Every layer n_ctx by
+        default; an architecture whose ``create_memory`` keeps fewer for some layers says so here."""
+        return [n_ctx] * hp.n_layer
+
 
 MAX_LAYERS = 512              # LLAMA_MAX_LAYERS: llama.cpp asserts 0 < block_count <= 512
 INT32_MAX = 2**31 - 1         # ggml passes n_ctx_orig and sizes as int32

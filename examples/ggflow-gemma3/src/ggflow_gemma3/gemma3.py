@@ -96,6 +96,15 @@ class Gemma3(Architecture):
             return KVCache(hp, n_ctx, backend, type_k, type_v, layer_rope=layer_rope)
         return IswaCache(hp, n_ctx, backend, type_k, type_v, hp.extra["swa"], n_ubatch, layer_rope=layer_rope)
 
+    def kv_cells(self, hp, n_ctx, n_ubatch):
+        """The cells create_memory's caches keep: n_ctx for the global layers, the window cache's for the local ones."""
+        from ggflow.core.kv_cache_iswa import window_cache_size
+        swa = hp.extra["swa"]
+        if swa is None or not swa.layers:
+            return [n_ctx] * hp.n_layer
+        local = window_cache_size(n_ctx, swa.n_swa, n_ubatch)
+        return [local if il in swa.layers else n_ctx for il in range(hp.n_layer)]
+
     def build_graph(self, b: GraphBuilder):
         hp, w = b.hp, b.w
         x = b.token_embeddings(w.tok_embd, scale=math.sqrt(hp.n_embd))           # [n_embd, n_tokens]
