@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 F32 = np.float32
@@ -31,6 +32,7 @@ GROUP_COLS = 512   # output columns per task: each row's x is loaded once for th
 # Below this many multiply-adds (~0.1 ms on one core) a call runs serially: waking the other threads costs
 # 10-20 us on an idle machine and a scheduler time slice on a busy one (see threads.py).
 PARALLEL_MIN_MACS = 1 << 20
+LANES = 16         # partial sums per output where a's rows run along kk (the lane order; one AVX-512 vector)
 
 
 @intrinsic
@@ -164,6 +166,171 @@ def _b_index(row, ia3, ia2, r3, r2, n):
     return ia3 * r3 + row // (r2 * n), ia2 * r2 + row // n % r2, row % n
 
 
+def _lane_dots_codegen(n_x, n_a, is_half):
+    """LLVM vector code for the lane order: n_x rows of xs (from row r) times n_a rows of a (from start, s_col
+    apart), the n_x * n_a sums stored in o_i[c:c + n_a] for x row i.
+
+    Per output, LANES accumulators side by side in one vector: lane l takes kk = l, l + LANES, ... by fma,
+    in order (a partial last run: lanes below its length, loaded element by element, never past k); then
+    a halving tree, t_l = s_l + s_l+8, u_l = t_l + t_l+4, v_l = u_l + u_l+2, sum = v_0 + v_1. For 4 rows of
+    a, the 4 trees run as one, the outputs' lanes shuffled side by side: the same adds of the same pairs.
+    Vector ops are the per-lane scalar ops side by side, nothing reassociated, so the bits do not depend on
+    n_x or n_a. (numba's scalar version of 16 chains stays scalar: LLVM's SLP vectorizer leaves it.)
+    """
+    def codegen(context, builder, sig, args):
+        f32, i8, i64, i32 = ir.FloatType(), ir.IntType(8), ir.IntType(64), ir.IntType(32)
+        vec = ir.VectorType(f32, LANES)
+        a_elem = ir.HalfType() if is_half else f32
+        a_vec = ir.VectorType(a_elem, LANES)
+
+        def as_int(i):
+            return context.cast(builder, args[i], sig.args[i], types.int64)
+
+        def const(v):
+            return ir.Constant(i64, v)
+        xs = context.make_array(sig.args[0])(context, builder, args[0])
+        x_step, x_bytes = builder.extract_value(xs.strides, 0), builder.bitcast(xs.data, i8.as_pointer())
+        x_rows = [builder.bitcast(builder.gep(x_bytes, [builder.mul(builder.add(as_int(1), const(i)), x_step)]),
+                                  f32.as_pointer()) for i in range(n_x)]
+        ap = builder.bitcast(context.make_array(sig.args[2])(context, builder, args[2]).data, a_elem.as_pointer())
+        start, s_col, k, c = as_int(3), as_int(4), as_int(5), as_int(6 + n_x)
+        a_rows = [builder.gep(ap, [builder.add(start, builder.mul(s_col, const(g)))]) for g in range(n_a)]
+        outs = [context.make_array(sig.args[6 + i])(context, builder, args[6 + i]).data for i in range(n_x)]
+        fma_v = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec, vec, vec]),
+                                               f"llvm.fma.v{LANES}f32")
+        widen = (lambda v: builder.fpext(v, vec)) if is_half else (lambda v: v)
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in a_rows] for _ in x_rows]
+
+        def accumulate(xvs, avs, keep=None):
+            for xv, acc_row in zip(xvs, accs):
+                for av, acc in zip(avs, acc_row):
+                    old = builder.load(acc)
+                    new = builder.call(fma_v, [xv, av, old])
+                    builder.store(new if keep is None else builder.select(keep, new, old), acc)
+
+        n_full = builder.udiv(k, const(LANES))
+        with cgutils.for_range(builder, n_full) as loop:
+            j = builder.mul(loop.index, const(LANES))
+            avs = [widen(builder.load(builder.bitcast(builder.gep(row, [j]), a_vec.as_pointer()),
+                                      align=2 if is_half else 4)) for row in a_rows]
+            accumulate([builder.load(builder.bitcast(builder.gep(row, [j]), vec.as_pointer()), align=4)
+                        for row in x_rows], avs)
+        j = builder.mul(n_full, const(LANES))
+        rest = builder.sub(k, j)
+        with builder.if_then(builder.icmp_signed(">", rest, const(0))):
+            tails = [(row, cgutils.alloca_once_value(builder, ir.Constant(vec, None))) for row in x_rows]
+            tails += [(row, cgutils.alloca_once_value(builder, ir.Constant(a_vec, None))) for row in a_rows]
+            with cgutils.for_range(builder, rest) as loop:
+                at = builder.add(j, loop.index)
+                for src, tail in tails:
+                    builder.store(builder.insert_element(builder.load(tail), builder.load(builder.gep(src, [at])),
+                                                         loop.index), tail)
+            i64s = ir.VectorType(i64, LANES)
+            rest_v = builder.shuffle_vector(builder.insert_element(ir.Constant(i64s, None), rest, ir.Constant(i32, 0)),
+                                            ir.Constant(i64s, None), ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
+            in_tail = builder.icmp_unsigned("<", ir.Constant(i64s, list(range(LANES))), rest_v)
+            loaded = [builder.load(tail) for _, tail in tails]
+            accumulate(loaded[:n_x], [widen(v) for v in loaded[n_x:]], in_tail)
+
+        def pairs(u, v, lo, hi):
+            def pick(idx):
+                return builder.shuffle_vector(u, v, ir.Constant(ir.VectorType(i32, len(idx)), idx))
+            return builder.fadd(pick(lo), pick(hi))
+
+        for acc_row, o in zip(accs, outs):
+            sums = [builder.load(acc) for acc in acc_row]
+            if n_a == 1:
+                v = sums[0]
+                for half in (8, 4, 2, 1):
+                    v = pairs(v, v, list(range(half)), list(range(half, 2 * half)))
+                builder.store(builder.extract_element(v, ir.Constant(i32, 0)), builder.gep(o, [c]))
+                continue
+            lo8 = [*range(8), *range(16, 24)]
+            t_ab, t_cd = (pairs(sums[g], sums[g + 1], lo8, [i + 8 for i in lo8]) for g in (0, 2))  # 2 outputs each
+            lo4 = [i + 8 * g for g in range(4) for i in range(4)]
+            u = pairs(t_ab, t_cd, lo4, [i + 4 for i in lo4])                # output g in lanes 4g .. 4g + 3
+            lo2 = [i + 4 * g for g in range(4) for i in range(2)]
+            v = pairs(u, u, lo2, [i + 2 for i in lo2])
+            w = pairs(v, v, [0, 2, 4, 6], [1, 3, 5, 7])                     # output g in lane g
+            builder.store(w, builder.bitcast(builder.gep(o, [c]), ir.VectorType(f32, 4).as_pointer()), align=4)
+        return context.get_dummy_value()
+    return codegen
+
+
+def _lane_dots(n_x, n_a, xs, r, a, start, s_col, k, outs, c):
+    """Typing of the _lane_dot intrinsics: (xs 2-D C float32, r, a's memory 1-D float32 or F16 bits,
+    start, s_col, k, n_x 1-D C float32 outputs, c) -> None."""
+    if not (isinstance(xs, types.Array) and xs.ndim == 2 and xs.dtype == types.float32 and xs.layout == "C"
+            and isinstance(a, types.Array) and a.ndim == 1 and a.dtype in (types.float32, types.uint16)
+            and all(isinstance(o, types.Array) and o.ndim == 1 and o.dtype == types.float32 and o.layout == "C"
+                    for o in outs)
+            and all(isinstance(v, types.Integer) for v in (r, start, s_col, k, c))):
+        return None
+    return types.none(xs, r, a, start, s_col, k, *outs, c), _lane_dots_codegen(n_x, n_a, a.dtype == types.uint16)
+
+
+@intrinsic
+def _lane_dot(typingctx, xs, r, a, start, s_col, k, o, c):
+    """o[c] = sum over kk < k of xs[r, kk] * a[start + kk], in the lane order."""
+    return _lane_dots(1, 1, xs, r, a, start, s_col, k, (o,), c)
+
+
+@intrinsic
+def _lane_dot4(typingctx, xs, r, a, start, s_col, k, o, c):
+    """o[c + g] for the 4 rows of a at start + g * s_col: each run of xs loaded once for 4 rows of a."""
+    return _lane_dots(1, 4, xs, r, a, start, s_col, k, (o,), c)
+
+
+@intrinsic
+def _lane_dot4x4(typingctx, xs, r, a, start, s_col, k, o0, o1, o2, o3, c):
+    """_lane_dot4 for the rows xs[r .. r + 3] into o0 .. o3: each run of a widened once for 4 rows of xs."""
+    return _lane_dots(4, 4, xs, r, a, start, s_col, k, (o0, o1, o2, o3), c)
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _lane_dots_row(xs, r, a, base, s_col, k, o, g0, g1):
+    """o[g0:g1] for one row of xs: 4 rows of a at a time, the rest one by one."""
+    c4 = g0 + (g1 - g0) // 4 * 4
+    for c in range(g0, c4, 4):
+        _lane_dot4(xs, r, a, base + c * s_col, s_col, k, o, c)
+    for c in range(c4, g1):
+        _lane_dot(xs, r, a, base + c * s_col, s_col, k, o, c)
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _task_rows_along_kk(a, a_shape, a_step, x, out, round_x, ia3, ia2, g0, g1, row0, row1):
+    """a's rows run along kk (K): every output a dot along a row of a, read where it lies, in the lane order.
+
+    Blocks of 4 rows of x times 4 rows of a, whatever the number of rows: the block shapes change which
+    vector instructions run, never the operations on each output (see _lane_dots_codegen).
+    """
+    n_a3, n_a2, m, k = a_shape
+    n_b3, n_b2, n, _ = x.shape
+    r3, r2 = n_b3 // n_a3, n_b2 // n_a2
+    s3, s2, s_col, _ = a_step
+    base = ia3 * s3 + ia2 * s2
+    xs = np.empty((row1 - row0, k), dtype=F32)
+    for row in range(row0, row1):
+        i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
+        _load_x(x, i3, i2, t, 0, k, round_x, xs[row - row0])
+    c4 = g0 + (g1 - g0) // 4 * 4
+    row = row0
+    while row + 4 <= row1:
+        i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
+        j3, j2, u = _b_index(row + 1, ia3, ia2, r3, r2, n)
+        l3, l2, v = _b_index(row + 2, ia3, ia2, r3, r2, n)
+        h3, h2, w = _b_index(row + 3, ia3, ia2, r3, r2, n)
+        o0, o1, o2, o3 = out[i3, i2, t], out[j3, j2, u], out[l3, l2, v], out[h3, h2, w]
+        for c in range(g0, c4, 4):
+            _lane_dot4x4(xs, row - row0, a, base + c * s_col, s_col, k, o0, o1, o2, o3, c)
+        for r, o in enumerate((o0, o1, o2, o3)):
+            _lane_dots_row(xs, row - row0 + r, a, base, s_col, k, o, c4, g1)
+        row += 4
+    for row in range(row, row1):
+        i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
+        _lane_dots_row(xs, row - row0, a, base, s_col, k, out[i3, i2, t], g0, g1)
+
+
 @njit(cache=True, fastmath=False, inline="always")
 def _run_task(a, a_shape, a_step, x, out, round_x, task):
     """One (a matrix, row block, column group); the rows are those of every b matrix that uses a's matrix.
@@ -182,6 +349,9 @@ def _run_task(a, a_shape, a_step, x, out, round_x, task):
     ia3, ia2 = ia // n_a2, ia % n_a2
     g0, g1 = cg * GROUP_COLS, min(m, (cg + 1) * GROUP_COLS)
     row0, row1 = rb * ROWS, min(r3 * r2 * n, (rb + 1) * ROWS)
+    if a_step[3] == 1:                      # a's rows run along kk (K): the lane order, no transposed tiles
+        _task_rows_along_kk(a, a_shape, a_step, x, out, round_x, ia3, ia2, g0, g1, row0, row1)
+        return
     tile = np.empty((DEPTH, COLS), dtype=F32)
     xs = np.empty((row1 - row0, DEPTH), dtype=F32)
     for row in range(row0, row1):
