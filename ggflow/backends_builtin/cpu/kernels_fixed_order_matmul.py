@@ -1,20 +1,27 @@
 """mul_mat for operands that are not weights (attention's K x Q and V x P over the KV cache), batch-invariant.
 
-out[i3, i2, t, i] = sum over kk of x[i3, i2, t, kk] * a[i3 // r3, i2 // r2, i, kk], added one kk after the
-other into a float32 accumulator, from kk = 0 up: the same order for every output element whatever the
-number of rows (tokens) in the call, so a token's attention gives the same bits whether it is evaluated
-alone or in a batch. BLAS cannot promise that: it picks its kernel (gemv for one row, blocked gemm for
-many) and so its summation order by the shape of the call. A last-bit difference matters here: with an F16
-cache the softmax probabilities are rounded to F16 before V x P, and the attention output is quantized to
-Q8 before the output projection, so one flipped rounding moves logits by 1e-3..1 (a prompt evaluated in
-one batch, then its last token re-evaluated alone after a KV-prefix reuse, gave another greedy answer).
+out[i3, i2, t, i] = sum over kk of x[i3, i2, t, kk] * a[i3 // r3, i2 // r2, i, kk], each output summed in
+one order fixed by a's layout alone: the same for every output element whatever the number of rows
+(tokens) in the call, so a token's attention gives the same bits whether it is evaluated alone or in a
+batch. BLAS cannot promise that: it picks its kernel (gemv for one row, blocked gemm for many) and so its
+summation order by the shape of the call. A last-bit difference matters here: with an F16 cache the
+softmax probabilities are rounded to F16 before V x P, and the attention output is quantized to Q8 before
+the output projection, so one flipped rounding moves logits by 1e-3..1 (a prompt evaluated in one batch,
+then its last token re-evaluated alone after a KV-prefix reuse, gave another greedy answer).
 
 Each product is added with an explicit fused multiply-add (llvm.fma, one rounding, as ggml's SIMD dots do)
 and without fastmath, so LLVM keeps each accumulator's operations in program order: vector and scalar
-code, the serial and the parallel driver, give the same bits. It vectorizes over the output columns i
-instead: a is read as tiles tile[kk, i] (F16 widened exactly to float32, transposed where a's rows run
-along kk, as K's do), and each row's accumulators out[t, i0:i0+COLS] take fma(x[kk], tile[kk, :], .) for
-kk in order. Like ggml's F16 dot (vec_dot_type F16), x is rounded to F16 first when a is F16.
+code, the serial and the parallel driver, give the same bits. The two orders:
+
+- a's rows run along kk (K: a row is one cell's head, contiguous): the lane order. Lane l of LANES takes
+  kk = l, l + LANES, ... in order into its own float32 accumulator, then the lanes are added in a halving
+  tree (l + l+8, + 4, + 2, + 1), as a SIMD dot product does. Each output is a dot along a row of a, read
+  where it lies, in blocks of 4 rows of x by 4 rows of a (LLVM vector code, _lane_dots_codegen).
+- otherwise (V, whose columns run along kk): one accumulator per output, kk = 0, 1, ... in order,
+  vectorized over the output columns i: a is read as tiles tile[kk, i] (F16 widened exactly to float32)
+  and each row's accumulators out[t, i0:i0+COLS] take fma(x[kk], tile[kk, :], .) for kk in order.
+
+Like ggml's F16 dot (vec_dot_type F16), x is rounded to F16 first when a is F16.
 """
 from __future__ import annotations
 
@@ -226,8 +233,8 @@ def _lane_dots_codegen(n_x, n_a, is_half):
                     builder.store(builder.insert_element(builder.load(tail), builder.load(builder.gep(src, [at])),
                                                          loop.index), tail)
             i64s = ir.VectorType(i64, LANES)
-            rest_v = builder.shuffle_vector(builder.insert_element(ir.Constant(i64s, None), rest, ir.Constant(i32, 0)),
-                                            ir.Constant(i64s, None), ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
+            splat = builder.insert_element(ir.Constant(i64s, None), rest, ir.Constant(i32, 0))
+            rest_v = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
             in_tail = builder.icmp_unsigned("<", ir.Constant(i64s, list(range(LANES))), rest_v)
             loaded = [builder.load(tail) for _, tail in tails]
             accumulate(loaded[:n_x], [widen(v) for v in loaded[n_x:]], in_tail)
@@ -390,8 +397,8 @@ def n_tasks(a_shape: tuple[int, ...], x_shape: tuple[int, ...]) -> int:
 @njit(cache=True, nogil=True, fastmath=False, parallel=True)
 def mul_mat_fixed_order_parallel(a, a_shape, a_step, x, out, round_x, n_tasks):
     """a: the memory of a (A3, A2, m, k) operand, 1-D float32 or F16 bits (uint16), read at element steps
-    a_step; x (B3, B2, n, k) float32 or F16 bits, any strides; out (B3, B2, n, m) float32. B3 and B2 are
-    multiples of A3 and A2 (broadcast, GQA). round_x: round x to F16 first (a is F16)."""
+    a_step; x (B3, B2, n, k) float32 or F16 bits, any strides; out (B3, B2, n, m) float32, C-contiguous.
+    B3 and B2 are multiples of A3 and A2 (broadcast, GQA). round_x: round x to F16 first (a is F16)."""
     for task in prange(n_tasks):
         _run_task(a, a_shape, a_step, x, out, round_x, task)
 
