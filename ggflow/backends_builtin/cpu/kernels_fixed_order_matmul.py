@@ -131,6 +131,7 @@ def _fill_tile(a, a_step, ia3, ia2, c0, nc, k0, nk, tile):
 
     Where one of a's steps is 1, the copy reads runs of contiguous elements through slices of the 1-D
     array, which LLVM vectorizes (F16 included: vcvtph2ps); numba's strided 4-D indexing stays scalar.
+    Where a's rows run along kk (K), whole BLOCK x BLOCK blocks go through _transpose_block instead.
     """
     s3, s2, s_col, s_kk = a_step
     base = ia3 * s3 + ia2 * s2 + c0 * s_col + k0 * s_kk
