@@ -106,14 +106,14 @@ def _transpose_block(typingctx, a, start, s_col, tile, r, c):
             at = builder.gep(ap, [builder.add(start_, builder.mul(s_col_, ir.Constant(ir.IntType(64), g)))])
             v = builder.load(builder.bitcast(at, ir.VectorType(a_elem, BLOCK).as_pointer()), align=2 if is_half else 4)
             rows.append(builder.fpext(v, vec) if is_half else v)
-        b = 1
-        while b < BLOCK:
+        b = BLOCK // 2
+        while b:                # the rounds commute; the widest first, which LLVM can fold into the loads
             lo, hi = (ir.Constant(ir.VectorType(i32, BLOCK), m) for m in _block_swap_masks(b))
             for i in range(BLOCK):
                 if not i & b:
                     u, v = rows[i], rows[i + b]
                     rows[i], rows[i + b] = builder.shuffle_vector(u, v, lo), builder.shuffle_vector(u, v, hi)
-            b *= 2
+            b //= 2
         tile_arr = context.make_array(sig.args[3])(context, builder, args[3])
         row_bytes = builder.extract_value(tile_arr.strides, 0)
         base = builder.bitcast(tile_arr.data, i8.as_pointer())
