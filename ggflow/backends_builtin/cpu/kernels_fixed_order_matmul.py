@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 F32 = np.float32
@@ -31,6 +32,7 @@ GROUP_COLS = 512   # output columns per task: each row's x is loaded once for th
 # Below this many multiply-adds (~0.1 ms on one core) a call runs serially: waking the other threads costs
 # 10-20 us on an idle machine and a scheduler time slice on a busy one (see threads.py).
 PARALLEL_MIN_MACS = 1 << 20
+BLOCK = 16         # a's rows along kk are transposed into tiles in BLOCK x BLOCK blocks (_transpose_block)
 
 
 @intrinsic
@@ -70,19 +72,77 @@ def round_to_f16(typingctx, v):
     return types.float32(v), codegen
 
 
+def _block_swap_masks(b: int) -> tuple[list[int], list[int]]:
+    """shufflevector masks that swap the off-diagonal b x b sub-blocks of rows i and i + b (i & b == 0)."""
+    lo = [p if not p & b else BLOCK + p - b for p in range(BLOCK)]
+    hi = [p + b if not p & b else BLOCK + p for p in range(BLOCK)]
+    return lo, hi
+
+
+@intrinsic
+def _transpose_block(typingctx, a, start, s_col, tile, r, c):
+    """tile[r + j, c + g] = float32 a[start + g * s_col + j] for j, g < BLOCK: a's rows (contiguous runs of
+    BLOCK elements, s_col apart) into tile's columns.
+
+    numba's element-by-element copy down tile columns stays scalar (one conversion and one store per
+    element, as much time as the multiply-adds in a decode step): here BLOCK vector loads, widened,
+    transposed in registers by 4 rounds of two-source shuffles (each swaps the off-diagonal sub-blocks of
+    one size: 1, 2, 4, 8), BLOCK vector stores. A copy: the values, and so the sums, are what they were.
+    """
+    if not (isinstance(a, types.Array) and a.ndim == 1 and a.dtype in (types.float32, types.uint16)
+            and isinstance(tile, types.Array) and tile.ndim == 2 and tile.dtype == types.float32
+            and tile.layout == "C" and all(isinstance(v, types.Integer) for v in (start, s_col, r, c))):
+        return None
+    is_half = a.dtype == types.uint16
+
+    def codegen(context, builder, sig, args):
+        f32, i8, i32 = ir.FloatType(), ir.IntType(8), ir.IntType(32)
+        vec = ir.VectorType(f32, BLOCK)
+        a_elem = ir.HalfType() if is_half else f32
+        start_, s_col_, r_, c_ = (context.cast(builder, args[i], sig.args[i], types.int64) for i in (1, 2, 4, 5))
+        ap = builder.bitcast(context.make_array(sig.args[0])(context, builder, args[0]).data, a_elem.as_pointer())
+        rows = []
+        for g in range(BLOCK):
+            at = builder.gep(ap, [builder.add(start_, builder.mul(s_col_, ir.Constant(ir.IntType(64), g)))])
+            v = builder.load(builder.bitcast(at, ir.VectorType(a_elem, BLOCK).as_pointer()), align=2 if is_half else 4)
+            rows.append(builder.fpext(v, vec) if is_half else v)
+        b = BLOCK // 2
+        while b:                # the rounds commute; the widest first, which LLVM can fold into the loads
+            lo, hi = (ir.Constant(ir.VectorType(i32, BLOCK), m) for m in _block_swap_masks(b))
+            for i in range(BLOCK):
+                if not i & b:
+                    u, v = rows[i], rows[i + b]
+                    rows[i], rows[i + b] = builder.shuffle_vector(u, v, lo), builder.shuffle_vector(u, v, hi)
+            b //= 2
+        tile_arr = context.make_array(sig.args[3])(context, builder, args[3])
+        row_bytes = builder.extract_value(tile_arr.strides, 0)
+        base = builder.bitcast(tile_arr.data, i8.as_pointer())
+        for j, v in enumerate(rows):
+            at = builder.gep(base, [builder.mul(builder.add(r_, ir.Constant(ir.IntType(64), j)), row_bytes)])
+            builder.store(v, builder.bitcast(builder.gep(builder.bitcast(at, f32.as_pointer()), [c_]),
+                                             vec.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return types.none(a, start, s_col, tile, r, c), codegen
+
+
 @njit(cache=True, fastmath=False, inline="always")
 def _fill_tile(a, a_step, ia3, ia2, c0, nc, k0, nk, tile):
     """tile[r, c] = float32 a[ia3, ia2, c0 + c, k0 + r], a given as its memory (1-D) and element steps.
 
     Where one of a's steps is 1, the copy reads runs of contiguous elements through slices of the 1-D
     array, which LLVM vectorizes (F16 included: vcvtph2ps); numba's strided 4-D indexing stays scalar.
+    Where a's rows run along kk (K), whole BLOCK x BLOCK blocks go through _transpose_block instead.
     """
     s3, s2, s_col, s_kk = a_step
     base = ia3 * s3 + ia2 * s2 + c0 * s_col + k0 * s_kk
-    if s_kk == 1:                           # rows of a run along kk (K): read a row, write a tile column
+    if s_kk == 1:                           # rows of a run along kk (K): transposed in blocks, the rest
+        nc_b, nk_b = nc // BLOCK * BLOCK, nk // BLOCK * BLOCK      # element by element (a row, a tile column)
+        for c in range(0, nc_b, BLOCK):
+            for r in range(0, nk_b, BLOCK):
+                _transpose_block(a, base + c * s_col + r, s_col, tile, r, c)
         for c in range(nc):
             a_row = a[base + c * s_col:base + c * s_col + nk]
-            for r in range(nk):
+            for r in range(nk_b if c < nc_b else 0, nk):
                 tile[r, c] = as_f32(a_row[r])
     elif s_col == 1:                        # columns of a run along kk (V seen transposed): row by row
         for r in range(nk):
