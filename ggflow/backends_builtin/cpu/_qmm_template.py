@@ -7,6 +7,13 @@ scales) and its group count. The skeleton below is written once: tiles of rows, 
 switch, the sums of decoded values, the accumulators and the store, and a parallel and a serial
 driver around it.
 
+Batches of PAIRS_MIN_TOKENS tokens or more run a second tile function, ``_tile_pairs``: each decoded
+block laid out as element pairs (``_interleave_pairs``), the group sums of TOKENS_PER_PASS tokens per
+pass formed with int16-pair multiply-accumulates into int32 lanes (``_qmm_pairs.pair_sums``:
+``vpdpwssd`` with AVX512-VNNI), two products per lane instead of a 16-bit multiply and add per product.
+The sums are stored as int16 and ``accumulate`` runs per token exactly as in ``_tile``, so every path
+gives bit-identical results.
+
 How the pieces reach the skeleton. The drivers take a ``kind`` argument that numba types as a
 string literal (``numba.literally``); the tile function ``_tile`` is a stub ``@overload``ed per kind:
 at typing time the overload looks the literal up in ``_PIECES`` and returns the skeleton with that
@@ -35,12 +42,21 @@ from numba.extending import overload
 
 from ggflow.backends_builtin.cpu._qmm_int16 import wide_vectors
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile
+from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums
 
 F32 = np.float32
 I16 = np.int16
 R = 64     # rows per tile, a compile-time constant of the skeleton (see _qmm_layout.TILE)
 check_tile(R, __name__)
 MATVEC_MAX_TOKENS = 2   # up to this many tokens the one-pass matvec beats decoding into a buffer
+TOKENS_PER_PASS = 4     # pairs path: tokens one pass over a decoded block serves (each weight vector loaded once)
+# From this many tokens on, batches take the pairs kernel (int16 pairs multiplied into int32 lanes,
+# vpdpwssd); below, the interleaving pass costs more than it saves (n = 3-4 ran up to 1.4x slower that
+# way, n = 8 about even, n = 64 1.1-1.8x faster). It is a kernel of its own, compiled on first use:
+# decoding and short prompts never pay its compile time.
+PAIRS_MIN_TOKENS = 8
+if PAIRS_MIN_TOKENS < TOKENS_PER_PASS:
+    raise ImportError("PAIRS_MIN_TOKENS must be at least TOKENS_PER_PASS (the last pass re-reads the last tokens)")
 
 _PIECES: dict[str, object] = {}   # kind -> BlockPieces (qmm_pieces), filled by register_pieces
 
@@ -80,6 +96,24 @@ def _sum_decoded(wd, xq, i, o, qk, gsize, part):
                 c = I16(c + wd[gsize * g + gsize + j, r] * xq[i, o + gsize * g + gsize + j])
             part[g, r] = a
             part[g + 1, r] = c
+
+
+@njit(cache=True, inline="always")
+def _interleave_pairs(wd, wp, qk):
+    """wp[j, 2r + h] = wd[2j + h, r]: element pairs of a row side by side, one 32-bit lane per pair."""
+    for j in range(qk // 2):
+        for r in range(R):
+            wp[j, 2 * r] = wd[2 * j, r]
+            wp[j, 2 * r + 1] = wd[2 * j + 1, r]
+
+
+@njit(cache=True, inline="always")
+def _sum_pairs(wp, xq, i, ntok, o, qk, gsize, part):
+    """part[u, g, :] = the group sums of tokens i .. i + ntok - 1 (ntok a literal), formed in int32
+    pairs (vpdpwssd) and stored as int16: exactly the int16 sums of the matvec path (the same value
+    mod 2**16, and the pieces' groups fit int16), so ``accumulate`` sees the same numbers."""
+    for g in range(qk // gsize):
+        pair_sums(wp, xq, i, ntok, o, g * (gsize // 2), gsize // 2, part, g, R)
 
 
 @njit(cache=True, inline="always")
@@ -146,19 +180,80 @@ def _mul_mat_serial(kind, w, xq, dx, xe, out):
         _tile(kind, t, w, xq, dx, xe, out)
 
 
+def _tile_pairs(kind, t, w, xq, dx, xe, out):
+    """Row tile t of out = W x for PAIRS_MIN_TOKENS tokens or more (compiled per type, see _ov_tile_pairs)."""
+    raise NotImplementedError("only called from compiled kernels")
+
+
+@overload(_tile_pairs, jit_options={"nogil": True})
+def _ov_tile_pairs(kind, t, w, xq, dx, xe, out):
+    """The batched path in int16 pairs: a block decoded once, laid out as element pairs, then group sums
+    of TOKENS_PER_PASS tokens per pass (``_qmm_pairs.pair_sums``), accumulated per token in order as in
+    ``_tile``: the same bits."""
+    p = _pieces_of(kind)
+    if p is None:
+        return None
+    decode, accumulate = p.decode, p.accumulate
+    qk, groups = p.block_size, p.groups
+    gsize = qk // groups
+
+    def impl(kind, t, w, xq, dx, xe, out):
+        wide_vectors()
+        nb = w[0].shape[1]
+        n = out.shape[0]
+        acc = np.zeros((n, R), F32)
+        wd = np.empty((qk, R), I16)
+        wp = np.empty((qk // 2, 2 * R), I16)
+        sums = np.empty((TOKENS_PER_PASS, groups, R), I16)
+        last = n - TOKENS_PER_PASS
+        done = n - n % TOKENS_PER_PASS
+        for b in range(nb):
+            decode(w, t, b, wd)
+            _interleave_pairs(wd, wp, qk)
+            for i in range(0, done, TOKENS_PER_PASS):
+                _sum_pairs(wp, xq, i, TOKENS_PER_PASS, b * qk, qk, gsize, sums)
+                for u in range(TOKENS_PER_PASS):
+                    accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+            if done < n:
+                # the last 1-3 tokens: one more pass over the last TOKENS_PER_PASS tokens, accumulating
+                # only those not done yet (one compiled pass form, not four)
+                _sum_pairs(wp, xq, last, TOKENS_PER_PASS, b * qk, qk, gsize, sums)
+                for u in range(done - last, TOKENS_PER_PASS):
+                    accumulate(acc[last + u], sums[u], w, t, b, dx, xe, last + u)
+        for i in range(n):
+            _store_tile(acc[i], out, i, t)
+    return impl
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _mul_mat_pairs_parallel(kind, w, xq, dx, xe, out):
+    literally(kind)
+    for t in prange(w[0].shape[0]):
+        _tile_pairs(kind, t, w, xq, dx, xe, out)
+
+
+@njit(cache=True, nogil=True)
+def _mul_mat_pairs_serial(kind, w, xq, dx, xe, out):
+    literally(kind)
+    for t in range(w[0].shape[0]):
+        _tile_pairs(kind, t, w, xq, dx, xe, out)
+
+
 Kernel = Callable[..., None]
 
 
-def entry_point(kind: str, parallel: bool, arg_types: tuple) -> Kernel:
-    """The compiled parallel or serial kernel, called as f(kind, w, xq, dx, xe, out); arg_types: the
-    numba types of (w, xq, dx, xe, out).
+def entry_point(kind: str, parallel: bool, arg_types: tuple, pairs: bool = False) -> Kernel:
+    """A compiled kernel, called as f(kind, w, xq, dx, xe, out); arg_types: the numba types of
+    (w, xq, dx, xe, out). parallel: the prange driver; pairs: the kernel for PAIRS_MIN_TOKENS tokens or more.
 
     Compiled (or loaded from numba's cache) on first use: a model whose products are all small never
-    pays for its parallel drivers, which cost the most to compile."""
+    pays for its parallel drivers, which cost the most to compile, and decoding never for the pairs ones."""
     sig = (types.literal(kind),) + tuple(arg_types)
+    driver = {(False, False): _mul_mat_serial, (True, False): _mul_mat_parallel,
+              (False, True): _mul_mat_pairs_serial, (True, True): _mul_mat_pairs_parallel}[parallel, pairs]
     with warnings.catch_warnings():
         # numba's pedantic scope check flags the loop variables of pieces inlined three calls deep
         # ("variable ... is not in scope"); the generated code is unaffected (the outputs are
         # bit-identical to the hand-written kernels this skeleton replaced)
         warnings.simplefilter("ignore", NumbaIRAssumptionWarning)
-        return (_mul_mat_parallel if parallel else _mul_mat_serial).compile(sig)
+        return driver.compile(sig)

@@ -78,23 +78,19 @@ class _QuantType:
 
 
 class _Drivers:
-    """A type's parallel and serial kernels for one argument layout, each compiled (or loaded from
-    numba's cache) on first use."""
-    __slots__ = ("_compile", "_parallel", "_serial")
+    """A type's kernels for one argument layout, each compiled (or loaded from numba's cache) on first
+    use: parallel or serial, and for quantized types the pairs kernel of big batches or the other."""
+    __slots__ = ("_compile", "_kernels")
 
-    def __init__(self, compile: Callable[[bool], Kernel]):
+    def __init__(self, compile: Callable[[bool, bool], Kernel]):
         self._compile = compile
-        self._parallel: Kernel | None = None
-        self._serial: Kernel | None = None
+        self._kernels: dict[tuple[bool, bool], Kernel] = {}
 
-    def get(self, parallel: bool) -> Kernel:
-        if parallel:
-            if self._parallel is None:
-                self._parallel = self._compile(True)
-            return self._parallel
-        if self._serial is None:
-            self._serial = self._compile(False)
-        return self._serial
+    def get(self, parallel: bool, pairs: bool = False) -> Kernel:
+        kernel = self._kernels.get((parallel, pairs))
+        if kernel is None:
+            kernel = self._kernels[parallel, pairs] = self._compile(parallel, pairs)
+        return kernel
 
 
 _QUANT_TYPES: dict[str, _QuantType] = {}
@@ -162,6 +158,11 @@ class PackedWeight:
     @property
     def serial(self) -> Kernel:
         return self.drivers.get(False)
+
+    def kernel(self, parallel: bool, n_tokens: int) -> Kernel:
+        """The kernel for a product of n_tokens rows: quantized batches of PAIRS_MIN_TOKENS or more take the
+        pairs kernel (the same results, int16 pairs multiplied into int32 lanes)."""
+        return self.drivers.get(parallel, self.vec_dot_type is not None and n_tokens >= tmpl.PAIRS_MIN_TOKENS)
 
     @property
     def nbytes(self) -> int:
@@ -239,7 +240,7 @@ def _quant_drivers(qt: _QuantType, arrays: tuple, k: int) -> _Drivers:
         acts = quantize_activations(np.zeros((1, k), np.float32), qt.traits.vec_dot_type)
         arg_types = (w_type, *(typeof(a) for a in acts), typeof(np.zeros((1, 1), np.float32)))
         drivers = _DRIVERS[(qt.kind, w_type)] = _Drivers(
-            lambda parallel: tmpl.entry_point(qt.kind, parallel, arg_types))
+            lambda parallel, pairs: tmpl.entry_point(qt.kind, parallel, arg_types, pairs))
     return drivers
 
 
@@ -257,7 +258,7 @@ def _pack_float(w: np.ndarray, w_type: str, as_type: str | None = None) -> Packe
     arg_types = (typeof(w), typeof(np.zeros((1, 1), np.float32)), typeof(np.zeros((1, 1), np.float32)))
     drivers = _DRIVERS.get((w_type, arg_types[0]))
     if drivers is None:   # the types only: a driver must not keep the first weight it saw alive
-        drivers = _DRIVERS[(w_type, arg_types[0])] = _Drivers(lambda parallel: flt.entry_point(w_type, parallel, arg_types))
+        drivers = _DRIVERS[(w_type, arg_types[0])] = _Drivers(lambda parallel, pairs: flt.entry_point(w_type, parallel, arg_types))
     return PackedWeight(as_type or w_type, w.shape[0], w.shape[1], (w,), w_type, w_type, None, rounding, drivers)
 
 
@@ -285,7 +286,7 @@ def mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
     if x.shape[0] == 0 or pw.rows == 0:
         return
     target = out if out.flags.c_contiguous else np.empty(out.shape, np.float32)
-    kernel = pw.drivers.get(use_parallel(x.shape[0] * pw.rows * pw.k, numba.get_num_threads()))
+    kernel = pw.kernel(use_parallel(x.shape[0] * pw.rows * pw.k, numba.get_num_threads()), x.shape[0])
     if pw.vec_dot_type is None:
         kernel(pw.kind, pw.arrays[0], pw.rounding(x) if pw.rounding else x, target)
     else:
@@ -327,10 +328,10 @@ def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: in
         buffers = quantize_activations(x, pw.vec_dot_type)   # the buffers; refilled at every call
         if scratch is not None:
             scratch[key] = buffers
-    args = (pw.kind, pw.arrays, *buffers, out)
-    product = partial(pw.serial, *args)
+    args, n = (pw.kind, pw.arrays, *buffers, out), x.shape[0]
+    product = partial(pw.kernel(False, n), *args)
     if parallel_ok:   # parallel or serial, whichever is faster now (the parallel driver compiles on first try)
-        product = thread_choice.adaptive(size_key, lambda: pw.parallel(*args), product)
+        product = thread_choice.adaptive(size_key, lambda: pw.kernel(True, n)(*args), product)
     xq, d, extra = buffers
 
     def run_quantized() -> None:
