@@ -34,11 +34,14 @@ from numba.extending import overload
 
 from ggflow.backends_builtin.cpu._qmm_int16 import wide_vectors
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile
+from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums
 
 F32 = np.float32
 I16 = np.int16
+I32 = np.int32
 R = 64     # rows per tile, a compile-time constant of the skeleton (see _qmm_layout.TILE)
 check_tile(R, __name__)
+TOKENS_PER_PASS = 2     # batched: tokens whose sums one pass over a decoded block forms (register blocking)
 MATVEC_MAX_TOKENS = 2   # up to this many tokens the one-pass matvec beats decoding into a buffer
 
 _PIECES: dict[str, object] = {}   # kind -> BlockPieces (qmm_pieces), filled by register_pieces
@@ -133,17 +136,19 @@ def _ov_shape(kind):
 
 # -- the skeleton -------------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
-def _sum_decoded(wd, xq, i, o, qk, gsize, part):
-    """part[g, :] = sum over elements g*gsize .. (g+1)*gsize-1 of wd * x, two groups per row pass."""
-    for g in range(0, qk // gsize, 2):
+def _interleave_pairs(wd, wp, qk):
+    """wp[j, 2r + h] = wd[2j + h, r]: element pairs of a row side by side, one 32-bit lane per pair."""
+    for j in range(qk // 2):
         for r in range(R):
-            a = I16(0)
-            c = I16(0)
-            for j in range(gsize):
-                a = I16(a + wd[gsize * g + j, r] * xq[i, o + gsize * g + j])
-                c = I16(c + wd[gsize * g + gsize + j, r] * xq[i, o + gsize * g + gsize + j])
-            part[g, r] = a
-            part[g + 1, r] = c
+            wp[j, 2 * r] = wd[2 * j, r]
+            wp[j, 2 * r + 1] = wd[2 * j + 1, r]
+
+
+@njit(cache=True, inline="always")
+def _sum_pairs(wp, xq, i, ntok, o, qk, gsize, part):
+    """part[u, g, :] = int32 sums of the products of group g for tokens i .. i + ntok - 1 (ntok literal)."""
+    for g in range(qk // gsize):
+        pair_sums(wp, xq, i, ntok, o, g * (gsize // 2), gsize // 2, part, g, R)
 
 
 @njit(cache=True, inline="always")
@@ -168,11 +173,21 @@ def _tile(kind, t, w, xq, dx, xe, out):
                 _accumulate(kind, acc[i], part, w, t, b, dx, xe, i)
     else:
         wd = np.empty((qk, R), I16)
+        wp = np.empty((qk // 2, 2 * R), I16)
+        sums = np.empty((TOKENS_PER_PASS, groups, R), I32)
         for b in range(nb):
             _decode(kind, w, t, b, wd)
-            for i in range(n):
-                _sum_decoded(wd, xq, i, b * qk, qk, qk // groups, part)
-                _accumulate(kind, acc[i], part, w, t, b, dx, xe, i)
+            _interleave_pairs(wd, wp, qk)
+            i = 0
+            while i + TOKENS_PER_PASS <= n:
+                _sum_pairs(wp, xq, i, TOKENS_PER_PASS, b * qk, qk, qk // groups, sums)
+                for u in range(TOKENS_PER_PASS):
+                    _accumulate(kind, acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+                i += TOKENS_PER_PASS
+            while i < n:
+                _sum_pairs(wp, xq, i, 1, b * qk, qk, qk // groups, sums)
+                _accumulate(kind, acc[i], sums[0], w, t, b, dx, xe, i)
+                i += 1
     for i in range(n):
         _store_tile(acc[i], out, i, t)
 
