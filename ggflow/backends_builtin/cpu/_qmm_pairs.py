@@ -3,16 +3,16 @@
 The batched matmul (``_qmm_template``) decodes a block of a row tile once and multiplies it into
 every token. With the block stored as element pairs (``wp[j, 2r + h]`` = element 2j + h of row r,
 one 32-bit lane per pair) and a token's activation pair (x[2j], x[2j+1]) broadcast as one int32,
-one multiply-accumulate of int16 pairs into int32 lanes (AVX512-VNNI ``vpdpwssd``; ``vpmaddwd`` +
-``vpaddd`` without VNNI) does two products of 16 rows. LLVM's auto-vectorizer does not form it from
-scalar code (it widens to ``vpmulld``), so ``pair_sums`` writes the vector code itself: the group
-sums of T tokens for one group of a tile, the T x (TILE / 16) accumulators kept in registers, each
-weight vector loaded once for the T tokens.
+one multiply-accumulate of int16 pairs into int32 lanes does two products of 16 rows: AVX512-VNNI's
+``vpdpwssd``, or ``vpmaddwd`` + ``vpaddd`` with AVX512BW only. ``pair_sums`` writes that vector code
+itself, as LLVM IR: the group sums of several tokens for one group of a tile, all accumulators in
+registers, each weight vector loaded once for the tokens. LLVM's auto-vectorizer does not form it from
+scalar numba code (it widens to ``vpmulld``, 2.5x slower than the int16 code it replaced).
 
-The IR is target-neutral (sign-extend, multiply, add the even and odd lanes): the x86 backend
-matches it to ``vpmaddwd`` and, with VNNI, folds the accumulating add into ``vpdpwssd``; other
-targets get ordinary vector code. The sums are exact (each is at most a group of int16-sized
-products), so they equal the int16 sums the matvec path forms.
+On x86 the code calls the instructions' LLVM intrinsics, chosen from the features numba compiles for
+(not the host's, should they differ). Plain IR (sign-extend, multiply, add even and odd lanes) would
+match the same instructions, but the sums are stored as int16 and InstCombine then narrows plain IR
+back to 16-bit multiplies; the intrinsics are opaque to it. Other targets get the plain IR.
 """
 from __future__ import annotations
 
@@ -29,11 +29,26 @@ _SUMS = ir.VectorType(_I32, LANES)
 _WIDE = ir.VectorType(_I32, 2 * LANES)
 _EVEN = ir.Constant(ir.VectorType(_I32, LANES), [2 * m for m in range(LANES)])
 _ODD = ir.Constant(ir.VectorType(_I32, LANES), [2 * m + 1 for m in range(LANES)])
+_NARROW = ir.VectorType(_I16, LANES)
 _ZERO = ir.Constant(_SUMS, [0] * LANES)
 
 
-def _madd_accumulate(builder, acc, w, x):
-    """acc + (w[2m] * x[2m] + w[2m+1] * x[2m+1]) per int32 lane m: vpmaddwd + vpaddd, or vpdpwssd."""
+def _target_features(context) -> set[str]:
+    """The features the module is compiled for ("+avx512vnni", ...): numba's target machine's, not the host's."""
+    return set(getattr(context.codegen(), "_tm_features", "").split(","))
+
+
+def _madd_accumulate(builder, features, acc, w, x):
+    """acc + (w[2m] * x[2m] + w[2m+1] * x[2m+1]) per int32 lane m.
+
+    VNNI: vpdpwssd; AVX512BW: vpmaddwd + vpaddd; elsewhere plain IR (see the module docstring).
+    """
+    if "+avx512vnni" in features:
+        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpwssd.512", fnty=ir.FunctionType(_SUMS, [_SUMS] * 3))
+        return builder.call(fn, [acc, builder.bitcast(w, _SUMS), builder.bitcast(x, _SUMS)])
+    if "+avx512bw" in features:
+        fn = builder.module.declare_intrinsic("llvm.x86.avx512.pmaddw.d.512", fnty=ir.FunctionType(_SUMS, [_PAIRS] * 2))
+        return builder.add(acc, builder.call(fn, [w, x]))
     prod = builder.mul(builder.sext(w, _WIDE), builder.sext(x, _WIDE))
     even = builder.shuffle_vector(prod, prod, _EVEN)
     odd = builder.shuffle_vector(prod, prod, _ODD)
@@ -54,11 +69,12 @@ def _row_pointer(context, builder, arrty, arr, *index):
 def pair_sums(typingctx, wp, xq, i0, ntok, o, j0, npairs, part, g, rows):
     """part[u, g, r] = sum over pairs j0 .. j0+npairs-1 and h of wp[j, 2r+h] * xq[i0+u, o+2j+h], u < ntok, r < rows.
 
-    wp (pairs, 2 * rows) int16; xq (n, k) int16; part (ntok, groups, rows) int32, all C-contiguous.
+    wp (pairs, 2 * rows) int16; xq (n, k) int16; part (ntok, groups, rows) int16 (the int32 sums
+    truncated: exact where they fit int16), all C-contiguous.
     ``ntok`` and ``rows`` (a multiple of 16) are literals: they set how many accumulators are live.
     """
     arrays_ok = all(isinstance(a, types.Array) and a.layout == "C" and a.ndim == nd and a.dtype == dt
-                    for a, nd, dt in ((wp, 2, types.int16), (xq, 2, types.int16), (part, 3, types.int32)))
+                    for a, nd, dt in ((wp, 2, types.int16), (xq, 2, types.int16), (part, 3, types.int16)))
     literals_ok = (isinstance(ntok, types.IntegerLiteral) and isinstance(rows, types.IntegerLiteral)
                    and rows.literal_value % LANES == 0)
     if not (arrays_ok and literals_ok and all(isinstance(a, types.Integer) for a in (i0, o, j0, npairs, g))):
@@ -70,6 +86,7 @@ def pair_sums(typingctx, wp, xq, i0, ntok, o, j0, npairs, part, g, rows):
         wpty, xqty, partty = sig.args[0], sig.args[1], sig.args[7]
         intp = cgutils.intp_t
         i0_v, o_v, j0_v, np_v, g_v = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (2, 4, 5, 6, 8))
+        features = _target_features(context)
         accs = [[cgutils.alloca_once_value(builder, _ZERO) for _ in range(nvec)] for _ in range(ntok_value)]
         with cgutils.for_range(builder, np_v) as loop:
             j = builder.add(j0_v, loop.index)
@@ -83,12 +100,15 @@ def pair_sums(typingctx, wp, xq, i0, ntok, o, j0, npairs, part, g, rows):
                     builder.insert_element(ir.Constant(_SUMS, ir.Undefined), xpair, ir.Constant(_I32, 0)),
                     ir.Constant(_SUMS, ir.Undefined), ir.Constant(_SUMS, [0] * LANES)), _PAIRS)
                 for q in range(nvec):
-                    builder.store(_madd_accumulate(builder, builder.load(accs[u][q]), wvecs[q], xb), accs[u][q])
+                    builder.store(_madd_accumulate(builder, features, builder.load(accs[u][q]), wvecs[q], xb), accs[u][q])
         for u in range(ntok_value):
             prow = builder.bitcast(_row_pointer(context, builder, partty, part_v, ir.Constant(intp, u), g_v),
-                                   _SUMS.as_pointer())
+                                   _NARROW.as_pointer())
             for q in range(nvec):
-                builder.store(builder.load(accs[u][q]), builder.gep(prow, [ir.Constant(intp, q)]), align=4)
+                # exact: a group's sum fits int16 (the pieces' contract), and int16 is what every
+                # accumulate piece reads (int32 input makes numba's int64 sums of them stay int64)
+                builder.store(builder.trunc(builder.load(accs[u][q]), _NARROW), builder.gep(prow, [ir.Constant(intp, q)]),
+                              align=2)
         return context.get_dummy_value()
 
     return types.none(wp, xq, i0, ntok, o, j0, npairs, part, g, rows), codegen

@@ -7,6 +7,13 @@ scales) and its group count. The skeleton below is written once: tiles of rows, 
 switch, the sums of decoded values, the accumulators and the store, and a parallel and a serial
 driver around it.
 
+The batched path (more than MATVEC_MAX_TOKENS tokens) decodes each block of a tile once, lays the
+values out as element pairs (``_interleave_pairs``) and forms the group sums of TOKENS_PER_PASS
+tokens per pass with int16-pair multiply-accumulates into int32 lanes (``_qmm_pairs.pair_sums``:
+``vpdpwssd`` with AVX512-VNNI), two products per lane instead of a 16-bit multiply and add per
+product. The sums are then stored as int16 and ``accumulate`` runs per token exactly as in the
+matvec path, so both paths give bit-identical results.
+
 How the pieces reach the skeleton. The drivers take a ``kind`` argument that numba types as a
 string literal (``numba.literally``); the stubs ``_block_sums``, ``_decode``, ... are ``@overload``ed
 and, at typing time, look the literal up in ``_PIECES`` and inline that type's njit piece. So each
@@ -38,10 +45,9 @@ from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums
 
 F32 = np.float32
 I16 = np.int16
-I32 = np.int32
 R = 64     # rows per tile, a compile-time constant of the skeleton (see _qmm_layout.TILE)
 check_tile(R, __name__)
-TOKENS_PER_PASS = 2     # batched: tokens whose sums one pass over a decoded block forms (register blocking)
+TOKENS_PER_PASS = 4     # batched: tokens one pass over a decoded block serves (each weight vector loaded once for them)
 MATVEC_MAX_TOKENS = 2   # up to this many tokens the one-pass matvec beats decoding into a buffer
 
 _PIECES: dict[str, object] = {}   # kind -> BlockPieces (qmm_pieces), filled by register_pieces
@@ -146,7 +152,9 @@ def _interleave_pairs(wd, wp, qk):
 
 @njit(cache=True, inline="always")
 def _sum_pairs(wp, xq, i, ntok, o, qk, gsize, part):
-    """part[u, g, :] = int32 sums of the products of group g for tokens i .. i + ntok - 1 (ntok literal)."""
+    """part[u, g, :] = the group sums of tokens i .. i + ntok - 1 (ntok a literal), formed in int32
+    pairs (vpdpwssd) and stored as int16: exactly the int16 sums of the matvec path (the same value
+    mod 2**16, and the pieces' groups fit int16), so ``accumulate`` sees the same numbers."""
     for g in range(qk // gsize):
         pair_sums(wp, xq, i, ntok, o, g * (gsize // 2), gsize // 2, part, g, R)
 
@@ -174,7 +182,7 @@ def _tile(kind, t, w, xq, dx, xe, out):
     else:
         wd = np.empty((qk, R), I16)
         wp = np.empty((qk // 2, 2 * R), I16)
-        sums = np.empty((TOKENS_PER_PASS, groups, R), I32)
+        sums = np.empty((TOKENS_PER_PASS, groups, R), I16)
         for b in range(nb):
             _decode(kind, w, t, b, wd)
             _interleave_pairs(wd, wp, qk)
