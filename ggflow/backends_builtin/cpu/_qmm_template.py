@@ -7,12 +7,13 @@ scales) and its group count. The skeleton below is written once: tiles of rows, 
 switch, the sums of decoded values, the accumulators and the store, and a parallel and a serial
 driver around it.
 
-The batched path (more than MATVEC_MAX_TOKENS tokens) decodes each block of a tile once, lays the
-values out as element pairs (``_interleave_pairs``) and forms the group sums of TOKENS_PER_PASS
-tokens per pass with int16-pair multiply-accumulates into int32 lanes (``_qmm_pairs.pair_sums``:
-``vpdpwssd`` with AVX512-VNNI), two products per lane instead of a 16-bit multiply and add per
-product. The sums are then stored as int16 and ``accumulate`` runs per token exactly as in the
-matvec path, so both paths give bit-identical results.
+The batched path (more than MATVEC_MAX_TOKENS tokens) decodes each block of a tile once. From
+PAIRS_MIN_TOKENS tokens on, it lays the values out as element pairs (``_interleave_pairs``) and forms
+the group sums of TOKENS_PER_PASS tokens per pass with int16-pair multiply-accumulates into int32
+lanes (``_qmm_pairs.pair_sums``: ``vpdpwssd`` with AVX512-VNNI), two products per lane instead of a
+16-bit multiply and add per product (below that, int16 multiplies and adds, a token per pass). The
+sums are stored as int16 and ``accumulate`` runs per token exactly as in the matvec path, so every
+path gives bit-identical results.
 
 How the pieces reach the skeleton. The drivers take a ``kind`` argument that numba types as a
 string literal (``numba.literally``); the stubs ``_block_sums``, ``_decode``, ... are ``@overload``ed
@@ -49,6 +50,10 @@ R = 64     # rows per tile, a compile-time constant of the skeleton (see _qmm_la
 check_tile(R, __name__)
 TOKENS_PER_PASS = 4     # batched: tokens one pass over a decoded block serves (each weight vector loaded once for them)
 MATVEC_MAX_TOKENS = 2   # up to this many tokens the one-pass matvec beats decoding into a buffer
+# from this many tokens on, the batched path multiplies in int16 pairs (vpdpwssd); below, the
+# interleaving pass (a second buffer, 64 KiB for a K-quant block with the decoded one) costs more
+# than it saves: n = 3-4 ran up to 1.4x slower that way, n = 8 about even, n = 64 1.1-1.8x faster
+PAIRS_MIN_TOKENS = 8
 
 _PIECES: dict[str, object] = {}   # kind -> BlockPieces (qmm_pieces), filled by register_pieces
 
@@ -142,6 +147,20 @@ def _ov_shape(kind):
 
 # -- the skeleton -------------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
+def _sum_decoded(wd, xq, i, o, qk, gsize, part):
+    """part[g, :] = sum over elements g*gsize .. (g+1)*gsize-1 of wd * x, two groups per row pass."""
+    for g in range(0, qk // gsize, 2):
+        for r in range(R):
+            a = I16(0)
+            c = I16(0)
+            for j in range(gsize):
+                a = I16(a + wd[gsize * g + j, r] * xq[i, o + gsize * g + j])
+                c = I16(c + wd[gsize * g + gsize + j, r] * xq[i, o + gsize * g + gsize + j])
+            part[g, r] = a
+            part[g + 1, r] = c
+
+
+@njit(cache=True, inline="always")
 def _interleave_pairs(wd, wp, qk):
     """wp[j, 2r + h] = wd[2j + h, r]: element pairs of a row side by side, one 32-bit lane per pair."""
     for j in range(qk // 2):
@@ -179,6 +198,13 @@ def _tile(kind, t, w, xq, dx, xe, out):
             for b in range(nb):
                 _block_sums(kind, w, t, b, xq, i, b * qk, part)
                 _accumulate(kind, acc[i], part, w, t, b, dx, xe, i)
+    elif n < PAIRS_MIN_TOKENS:
+        wd = np.empty((qk, R), I16)
+        for b in range(nb):
+            _decode(kind, w, t, b, wd)
+            for i in range(n):
+                _sum_decoded(wd, xq, i, b * qk, qk, qk // groups, part)
+                _accumulate(kind, acc[i], part, w, t, b, dx, xe, i)
     else:
         wd = np.empty((qk, R), I16)
         wp = np.empty((qk // 2, 2 * R), I16)
@@ -192,10 +218,15 @@ def _tile(kind, t, w, xq, dx, xe, out):
                 for u in range(TOKENS_PER_PASS):
                     _accumulate(kind, acc[i + u], sums[u], w, t, b, dx, xe, i + u)
                 i += TOKENS_PER_PASS
-            while i < n:
+            rest = n - i     # the last 1-3 tokens in one pass too: one token per pass is latency-bound
+            if rest == 3:
+                _sum_pairs(wp, xq, i, 3, b * qk, qk, qk // groups, sums)
+            elif rest == 2:
+                _sum_pairs(wp, xq, i, 2, b * qk, qk, qk // groups, sums)
+            elif rest == 1:
                 _sum_pairs(wp, xq, i, 1, b * qk, qk, qk // groups, sums)
-                _accumulate(kind, acc[i], sums[0], w, t, b, dx, xe, i)
-                i += 1
+            for u in range(rest):
+                _accumulate(kind, acc[i + u], sums[u], w, t, b, dx, xe, i + u)
     for i in range(n):
         _store_tile(acc[i], out, i, t)
 
