@@ -54,6 +54,8 @@ MATVEC_MAX_TOKENS = 2   # up to this many tokens the one-pass matvec beats decod
 # interleaving pass (a second buffer, 64 KiB for a K-quant block with the decoded one) costs more
 # than it saves: n = 3-4 ran up to 1.4x slower that way, n = 8 about even, n = 64 1.1-1.8x faster
 PAIRS_MIN_TOKENS = 8
+if PAIRS_MIN_TOKENS < TOKENS_PER_PASS:
+    raise ImportError("PAIRS_MIN_TOKENS must be at least TOKENS_PER_PASS (the last pass re-reads the last tokens)")
 
 _PIECES: dict[str, object] = {}   # kind -> BlockPieces (qmm_pieces), filled by register_pieces
 
@@ -218,15 +220,13 @@ def _tile(kind, t, w, xq, dx, xe, out):
                 for u in range(TOKENS_PER_PASS):
                     _accumulate(kind, acc[i + u], sums[u], w, t, b, dx, xe, i + u)
                 i += TOKENS_PER_PASS
-            rest = n - i     # the last 1-3 tokens in one pass too: one token per pass is latency-bound
-            if rest == 3:
-                _sum_pairs(wp, xq, i, 3, b * qk, qk, qk // groups, sums)
-            elif rest == 2:
-                _sum_pairs(wp, xq, i, 2, b * qk, qk, qk // groups, sums)
-            elif rest == 1:
-                _sum_pairs(wp, xq, i, 1, b * qk, qk, qk // groups, sums)
-            for u in range(rest):
-                _accumulate(kind, acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+            if i < n:
+                # the last 1-3 tokens: a pass over the last TOKENS_PER_PASS tokens, accumulating only
+                # those not done yet (one compiled pass form, not four; a 1-token pass is latency-bound)
+                last = n - TOKENS_PER_PASS
+                _sum_pairs(wp, xq, last, TOKENS_PER_PASS, b * qk, qk, qk // groups, sums)
+                for u in range(i - last, TOKENS_PER_PASS):
+                    _accumulate(kind, acc[last + u], sums[u], w, t, b, dx, xe, last + u)
     for i in range(n):
         _store_tile(acc[i], out, i, t)
 
