@@ -17,8 +17,9 @@ weights take activations rounded to F16 / BF16; F32 weights take them as they ar
 Quantized weights are repacked once into a row-tiled layout (see ``_qmm_layout``), in runs of
 ``PACK_CHUNK_ROWS`` rows: a copy the size of the GGUF data for the 32-element types (f16 scales kept as
 f16), +1% to +5% for the K types (6-bit scales unpacked, f16 super-block scales as f32; Q3_K +35%, its
-quants widened to nibbles); the mmap'd bytes are not kept (the backend gives their pages back). F32/F16/BF16 weights are used in
-place (a reference to ``w``, no copy). docs/performance.md has the per-type figures and speeds.
+quants widened to nibbles); the mmap'd bytes are not kept (the backend gives their pages back).
+F32/F16/BF16 weights are used in place (a reference to ``w``, no copy). docs/performance.md has the
+per-type figures and speeds.
 
 n == 1 (decode) and small n take the matvec path (one decode-and-multiply pass per token); larger n
 the batched one, which decodes each block of a row tile once and reuses it for all tokens (the
@@ -255,10 +256,12 @@ def _pack_float(w: np.ndarray, w_type: str, as_type: str | None = None) -> Packe
     elif w.dtype != dtype:
         raise ShapeError(f"{w_type} weight must be uint8 bytes or a {np.dtype(dtype).name} array, got {w.dtype}")
     w = np.ascontiguousarray(w)   # a no-op for the mmap'd views the loader passes
-    arg_types = (typeof(w), typeof(np.zeros((1, 1), np.float32)), typeof(np.zeros((1, 1), np.float32)))
+    matrix = typeof(np.zeros((1, 1), np.float32))        # x and out: C-contiguous float32
+    arg_types = (typeof(w), matrix, matrix)
     drivers = _DRIVERS.get((w_type, arg_types[0]))
     if drivers is None:   # the types only: a driver must not keep the first weight it saw alive
-        drivers = _DRIVERS[(w_type, arg_types[0])] = _Drivers(lambda parallel, pairs: flt.entry_point(w_type, parallel, arg_types))
+        drivers = _DRIVERS[(w_type, arg_types[0])] = _Drivers(
+            lambda parallel, pairs: flt.entry_point(w_type, parallel, arg_types))
     return PackedWeight(as_type or w_type, w.shape[0], w.shape[1], (w,), w_type, w_type, None, rounding, drivers)
 
 
