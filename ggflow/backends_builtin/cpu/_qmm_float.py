@@ -19,7 +19,6 @@ from numba import literally, njit, prange, types
 from numba.extending import intrinsic, overload
 
 F32 = np.float32
-I32 = np.int32
 ROWS_PER_TASK = 16  # rows one prange iteration handles: enough work to amortize the scheduling
 TOKENS = 4          # tokens sharing one pass over a weight row (4 accumulators, 1 weight load each)
 FAST = {"reassoc", "contract"}

@@ -23,7 +23,8 @@ per-type figures and speeds.
 
 n == 1 (decode) and small n take the matvec path (one decode-and-multiply pass per token); larger n
 the batched one, which decodes each block of a row tile once and reuses it for all tokens (the
-switch is in the skeleton, ``_qmm_template.MATVEC_MAX_TOKENS``).
+switch is in the skeleton, ``_qmm_template.MATVEC_MAX_TOKENS``); from ``_qmm_template.PAIRS_MIN_TOKENS``
+tokens a kernel of its own multiplies int16 pairs into int32 lanes (``PackedWeight.kernel`` picks it).
 Threads: numba's prange over row tiles, as many as ``numba.set_num_threads`` allows; products below
 ``PARALLEL_MIN_MACS``, and every product on one thread, run on the calling thread; ``bind_mul_mat``'s
 bigger ones run parallel or serial, whichever is faster now (``thread_choice``).
