@@ -196,14 +196,16 @@ def test_quantized_matmul_equals_ggml_integer_dot_on_its_own_quantized_activatio
     assert np.all(np.abs(got - want) <= bound)
 
 
+# 3: one token per pass; 4: one whole pass; 5 and 7: a last pass over the last four tokens; 9: the pairs kernel
+@pytest.mark.parametrize("n", [3, 4, 5, 7, 9])
 @pytest.mark.parametrize("w_type", LEGACY + KQUANTS)
-def test_batched_path_gives_the_matvec_results_bit_for_bit(w_type):
+def test_batched_path_gives_the_matvec_results_bit_for_bit(w_type, n):
     k = 256
     q, _ = weight(w_type, 70, k, seed=7)
     pw = qmm.pack_weight(q, w_type)
-    x = activations(9, k, seed=8)
-    batched = run(pw, x)                        # 9 tokens: the tile-decoding batched path
-    one_by_one = np.concatenate([run(pw, x[i:i + 1]) for i in range(9)])
+    x = activations(n, k, seed=8)
+    batched = run(pw, x)                        # the tile-decoding batched paths
+    one_by_one = np.concatenate([run(pw, x[i:i + 1]) for i in range(n)])
     np.testing.assert_array_equal(batched, one_by_one)
 
 

@@ -5,7 +5,9 @@ sums of products for each group of a block, across the TILE rows of a tile), ``d
 a tile into int16 values, for batches), ``accumulate`` (the group sums into f32 with the block's
 scales) and its group count. The skeleton below is written once: tiles of rows, the matvec/batched
 switch, the sums of decoded values, the accumulators and the store, and a parallel and a serial
-driver around it.
+driver around it. Batches of MATVEC_MAX_TOKENS + 1 tokens or more decode each block once and form the
+group sums of TOKENS_PER_PASS tokens per pass with ``_qmm_token_sums.token_sums`` (each decoded weight
+vector loaded once for the tokens, the sums in registers).
 
 Batches of PAIRS_MIN_TOKENS tokens or more run a second tile function, ``_tile_pairs``: each decoded
 block laid out as element pairs (``_interleave_pairs``), the group sums of TOKENS_PER_PASS tokens per
@@ -43,6 +45,7 @@ from numba.extending import overload
 from ggflow.backends_builtin.cpu._qmm_int16 import wide_vectors
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile
 from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums
+from ggflow.backends_builtin.cpu._qmm_token_sums import token_sums
 
 F32 = np.float32
 I16 = np.int16
@@ -84,20 +87,6 @@ def _pieces_of(kind):
 
 
 # -- the skeleton -------------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
-def _sum_decoded(wd, xq, i, o, qk, gsize, part):
-    """part[g, :] = sum over elements g*gsize .. (g+1)*gsize-1 of wd * x, two groups per row pass."""
-    for g in range(0, qk // gsize, 2):
-        for r in range(R):
-            a = I16(0)
-            c = I16(0)
-            for j in range(gsize):
-                a = I16(a + wd[gsize * g + j, r] * xq[i, o + gsize * g + j])
-                c = I16(c + wd[gsize * g + gsize + j, r] * xq[i, o + gsize * g + gsize + j])
-            part[g, r] = a
-            part[g + 1, r] = c
-
-
 @njit(cache=True, inline="always")
 def _interleave_pairs(wd, wp, qk):
     """wp[j, 2r + h] = wd[2j + h, r]: element pairs of a row side by side, one 32-bit lane per pair."""
@@ -155,12 +144,27 @@ def _ov_tile(kind, t, w, xq, dx, xe, out):
                     block_sums(w, t, b, xq, i, b * qk, part)
                     accumulate(acc[i], part, w, t, b, dx, xe, i)
         else:
+            # a block decoded once, then the group sums of TOKENS_PER_PASS tokens per pass, the last
+            # pass over the last TOKENS_PER_PASS tokens accumulating only those not done yet (as in
+            # _tile_pairs); fewer tokens than that: one token per pass
             wd = np.empty((qk, R), I16)
+            sums = np.empty((TOKENS_PER_PASS, groups, R), I16)
+            done = n - n % TOKENS_PER_PASS if n >= TOKENS_PER_PASS else 0
+            last = n - TOKENS_PER_PASS
             for b in range(nb):
                 decode(w, t, b, wd)
-                for i in range(n):
-                    _sum_decoded(wd, xq, i, b * qk, qk, gsize, part)
-                    accumulate(acc[i], part, w, t, b, dx, xe, i)
+                for i in range(0, done, TOKENS_PER_PASS):
+                    token_sums(wd, xq, i, TOKENS_PER_PASS, b * qk, qk, gsize, sums, R)
+                    for u in range(TOKENS_PER_PASS):
+                        accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+                if done == 0:
+                    for i in range(n):
+                        token_sums(wd, xq, i, 1, b * qk, qk, gsize, sums, R)
+                        accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
+                elif done < n:
+                    token_sums(wd, xq, last, TOKENS_PER_PASS, b * qk, qk, gsize, sums, R)
+                    for u in range(done - last, TOKENS_PER_PASS):
+                        accumulate(acc[last + u], sums[u], w, t, b, dx, xe, last + u)
         for i in range(n):
             _store_tile(acc[i], out, i, t)
     return impl
