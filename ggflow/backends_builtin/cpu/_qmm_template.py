@@ -7,7 +7,8 @@ scales) and its group count. The skeleton below is written once: tiles of rows, 
 switch, the sums of decoded values, the accumulators and the store, and a parallel and a serial
 driver around it. Batches of MATVEC_MAX_TOKENS + 1 tokens or more decode each block once and form the
 group sums of TOKENS_PER_PASS tokens per pass with ``_qmm_token_sums.token_sums`` (each decoded weight
-vector loaded once for the tokens, the sums in registers).
+vector loaded once for the tokens, the sums in registers) where a group has TOKEN_SUMS_MIN_GROUP elements or
+more, one token at a time (``_sum_decoded``) where fewer.
 
 Batches of PAIRS_MIN_TOKENS tokens or more run a second tile function, ``_tile_pairs``: each decoded
 block laid out as element pairs (``_interleave_pairs``), the group sums of TOKENS_PER_PASS tokens per
@@ -58,6 +59,10 @@ TOKENS_PER_PASS = 4     # pairs path: tokens one pass over a decoded block serve
 # way, n = 8 about even, n = 64 1.1-1.8x faster). It is a kernel of its own, compiled on first use:
 # decoding and short prompts never pay its compile time.
 PAIRS_MIN_TOKENS = 8
+# token_sums pays from groups of this many elements; with fewer (Q8_0's pairs: 16 groups of 2) zeroing and
+# storing the accumulators per group costs more than it saves (Q8_0 49152 x 576, 4 tokens: 4.5-5.3 ms the
+# scalar way, 5.9-6.8 ms in registers; Q4_1's 16-element groups: 1.2-1.5x faster in registers).
+TOKEN_SUMS_MIN_GROUP = 8
 if PAIRS_MIN_TOKENS < TOKENS_PER_PASS:
     raise ImportError("PAIRS_MIN_TOKENS must be at least TOKENS_PER_PASS (the last pass re-reads the last tokens)")
 
@@ -87,6 +92,20 @@ def _pieces_of(kind):
 
 
 # -- the skeleton -------------------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _sum_decoded(wd, xq, i, o, qk, gsize, part):
+    """part[g, :] = sum over elements g*gsize .. (g+1)*gsize-1 of wd * x, two groups per row pass."""
+    for g in range(0, qk // gsize, 2):
+        for r in range(R):
+            a = I16(0)
+            c = I16(0)
+            for j in range(gsize):
+                a = I16(a + wd[gsize * g + j, r] * xq[i, o + gsize * g + j])
+                c = I16(c + wd[gsize * g + gsize + j, r] * xq[i, o + gsize * g + gsize + j])
+            part[g, r] = a
+            part[g + 1, r] = c
+
+
 @njit(cache=True, inline="always")
 def _interleave_pairs(wd, wp, qk):
     """wp[j, 2r + h] = wd[2j + h, r]: element pairs of a row side by side, one 32-bit lane per pair."""
@@ -131,6 +150,7 @@ def _ov_tile(kind, t, w, xq, dx, xe, out):
     block_sums, decode, accumulate = p.block_sums, p.decode, p.accumulate
     qk, groups = p.block_size, p.groups
     gsize = qk // groups
+    in_registers = gsize >= TOKEN_SUMS_MIN_GROUP   # a constant: LLVM drops the other branch
 
     def impl(kind, t, w, xq, dx, xe, out):
         wide_vectors()
@@ -142,6 +162,14 @@ def _ov_tile(kind, t, w, xq, dx, xe, out):
             for i in range(n):
                 for b in range(nb):
                     block_sums(w, t, b, xq, i, b * qk, part)
+                    accumulate(acc[i], part, w, t, b, dx, xe, i)
+        elif not in_registers:
+            # a block decoded once, then multiplied into one token after the other
+            wd = np.empty((qk, R), I16)
+            for b in range(nb):
+                decode(w, t, b, wd)
+                for i in range(n):
+                    _sum_decoded(wd, xq, i, b * qk, qk, gsize, part)
                     accumulate(acc[i], part, w, t, b, dx, xe, i)
         else:
             # a block decoded once, then the group sums of TOKENS_PER_PASS tokens per pass, the last
