@@ -163,3 +163,42 @@ def test_a_sequence_grows_past_its_last_cell_so_its_cells_stay_in_position_order
         [(_, slot)] = list(placed)
         placed.commit()
     assert slot.cells.tolist() == [0, 1]
+
+
+def _place(cache, batch):
+    with cache.begin(batch.split(512)) as placed:
+        [(_, slot)] = list(placed)
+        placed.commit()
+    return slot.cells.tolist()
+
+
+def test_sequences_decoding_side_by_side_keep_their_cells_in_pages_of_their_own(llama):
+    """Each sequence's cells in CELL_PAGE pages of its own, in position order, where there is room (the CPU's
+    attention skips the pages a token does not see, kernels_fixed_order_matmul)."""
+    from ggflow.backends_builtin.cpu import CPUBackend
+    from ggflow.core.backend import BackendOptions
+    from ggflow.core.memory import CELL_PAGE
+    cache = KVCache(llama.hparams, 6 * CELL_PAGE, CPUBackend(BackendOptions(n_threads=1)), "F32", "F32")
+    for s in range(3):
+        assert _place(cache, Batch.from_tokens(TOKENS[:10], seq_id=s))[0] == s * CELL_PAGE
+    for pos in range(10, 80):                    # one token per sequence per step, as a serving step
+        _place(cache, Batch(np.array(TOKENS[:3]), np.full(3, pos), np.arange(3), np.zeros(3, bool)))
+    cells = cache.cells_snapshot()
+    for s in range(3):
+        held = np.flatnonzero(cells.seq[:, s])
+        assert (np.diff(cells.pos[held]) == 1).all()           # in position order, cell after cell
+        assert len(held) == 80
+    pages = cells.seq[:, :3].reshape(6, CELL_PAGE, 3).any(axis=1)     # (page, sequence): two pages each
+    assert (pages.sum(axis=1) == 1).all()                       # every page one sequence's
+
+
+def test_without_a_whole_free_page_a_sequence_takes_the_free_cells_after_its_own(llama):
+    from ggflow.backends_builtin.cpu import CPUBackend
+    from ggflow.core.backend import BackendOptions
+    from ggflow.core.memory import CELL_PAGE
+    cache = KVCache(llama.hparams, 2 * CELL_PAGE, CPUBackend(BackendOptions(n_threads=1)), "F32", "F32")
+    first = _place(cache, Batch.from_tokens(list(range(1, CELL_PAGE + 7)), seq_id=0))
+    assert first == list(range(CELL_PAGE + 6))
+    assert _place(cache, Batch.from_tokens(TOKENS[:4], seq_id=1)) == list(range(CELL_PAGE + 6, CELL_PAGE + 10))
+    # and sequence 0 continues after its last cell, past sequence 1's
+    assert _place(cache, Batch.from_tokens(TOKENS[:2], pos0=CELL_PAGE + 6, seq_id=0)) == [CELL_PAGE + 10, CELL_PAGE + 11]

@@ -3,7 +3,8 @@
 Each cell records the position it holds (-1: free) and the set of sequences that see it. ``begin``
 places a batch's ubatches in free cells, in order: each sequence's tokens go after the last cell it
 already holds, so a sequence's cells stay in position order wherever other sequences sit between
-them. The attention sums over cells in cell order and a masked cell adds an exact zero, so that keeps
+them; and in pages of CELL_PAGE cells, each sequence its own where there is room (the rest of its last
+page, then whole free pages), so that a backend can skip the pages a token does not see. The attention sums over cells in cell order and a masked cell adds an exact zero, so that keeps
 a sequence's result the same bits whether it ran alone or among others (after prefix reuse too). The
 graph attends over the first ``n_kv`` cells (padded, so the graph's shape changes rarely) and the mask
 says which of them each token sees.
@@ -21,7 +22,7 @@ import numpy as np
 from ggflow.core import ops
 from ggflow.core.backend import Backend
 from ggflow.core.batch import UBatch
-from ggflow.core.memory import MAX_SEQ, N_KV_PAD, KVInputs, Memory, MemoryBatch, SlidingWindow, Slot
+from ggflow.core.memory import CELL_PAGE, MAX_SEQ, N_KV_PAD, KVInputs, Memory, MemoryBatch, SlidingWindow, Slot
 from ggflow.core.model import HParams
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.errors import GGFlowError
@@ -113,10 +114,7 @@ class KVCache(Memory):
             rows = np.flatnonzero(ubatch.seq_id == s)
             held = np.flatnonzero(seq[:, s])
             after = int(held[-1]) + 1 if len(held) else 0
-            room = np.flatnonzero(free[after:]) + after
-            if len(room) < len(rows):   # no room past its last cell: any free cells (order, not correctness, lost)
-                room = np.flatnonzero(free)
-            cells[rows] = room[: len(rows)]
+            cells[rows] = _room(free, after, len(rows))
             free[cells[rows]] = False
         pos, seq = pos.copy(), seq.copy()
         self._evict(pos, seq, cells)
@@ -316,3 +314,33 @@ def _contiguous(t: Tensor) -> Tensor:
 def _heads(cache: Tensor, head_dim: int, n_head_kv: int, n_kv: int) -> Tensor:
     """The first n_kv cells of a layer's cache [head_dim * n_head_kv, size] as [head_dim, n_head_kv, n_kv]."""
     return ops.view(cache, (head_dim, n_head_kv, n_kv), (cache.nb[0], cache.type.row_bytes(head_dim), cache.nb[1]))
+
+
+def _room(free: np.ndarray, after: int, n: int) -> np.ndarray:
+    """n free cells for a sequence whose cells so far end before ``after``, in order of preference: the
+    rest of its last page, whole free pages from there on, any free cells from there on, any free cells
+    (then its cells are no longer in position order: its results may change in the last bits, not their
+    correctness). The caller has checked that n cells are free."""
+    free = free.copy()
+    taken = []
+
+    def take(candidates: np.ndarray) -> None:
+        nonlocal n
+        got = candidates[free[candidates]][:n]
+        free[got] = False
+        taken.append(got)
+        n -= len(got)
+
+    if after % CELL_PAGE:
+        take(np.arange(after, min(len(free), after - after % CELL_PAGE + CELL_PAGE)))
+    if n:
+        whole = len(free) // CELL_PAGE
+        first = -(-after // CELL_PAGE)
+        pages = np.flatnonzero(free[first * CELL_PAGE: whole * CELL_PAGE].reshape(-1, CELL_PAGE).all(axis=1))
+        pages = pages[: -(-n // CELL_PAGE)] + first
+        take((pages[:, None] * CELL_PAGE + np.arange(CELL_PAGE)).reshape(-1))
+    if n:
+        take(np.flatnonzero(free[after:]) + after)
+    if n:
+        take(np.flatnonzero(free))
+    return np.concatenate(taken) if len(taken) > 1 else taken[0]

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from ggflow.core.scheduler import Scheduler
 
 N_KV_PAD = 256     # the attended range grows in these steps, as llama.cpp pads it
+# A sequence's cells are kept in pages of this many cells where there is room (kv_cache.py), so that a
+# page of a cache several sequences share holds one sequence's cells and a backend can skip the pages a
+# token cannot see (the CPU's attention kernels do, per 64 cells).
+CELL_PAGE = 64
 MAX_SEQ = 64       # distinct sequence ids the unified cache tracks
 
 

@@ -81,8 +81,10 @@ class CPUBackend(Backend):
     def compile(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> CPUPlan:
         from ggflow.backends_builtin.cpu.arrays import TensorArrays
         arrays = TensorArrays(substitutes)
+        from ggflow.backends_builtin.cpu.attention_pages import masked_products
         binders = {**_kernel_binders(), Op.MUL_MAT: partial(_mul_mat_binder(), weights=self.packed_weights,
-                                                              n_threads=self.n_threads)}
+                                                              n_threads=self.n_threads,
+                                                              masked=masked_products(nodes))}
         from ggflow.backends_builtin.cpu.fusion import bind_fused
         steps = [n for n in nodes if n.op not in PURE_VIEWS and n.nelements != 0]   # views compute nothing
         kernels, i = [], 0

@@ -15,6 +15,19 @@ code, the serial and the parallel driver, give the same bits. It vectorizes over
 instead: a is read as tiles tile[kk, i] (F16 widened exactly to float32, transposed where a's rows run
 along kk, as K's do), and each row's accumulators out[t, i0:i0+COLS] take fma(x[kk], tile[kk, :], .) for
 kk in order. Like ggml's F16 dot (vec_dot_type F16), x is rounded to F16 first when a is F16.
+
+Pages a token cannot see. Attention over a cache that several sequences share reads every cell for every
+token, though a token sees only its own sequence's cells (the mask's zeros; ``-inf`` elsewhere). Given
+which PAGE-cell pages each token sees at all (``live[t, page]``, from the mask: ``pages_live``), the
+kernel skips the others, with results unchanged bit for bit:
+  SKIP_COLUMNS (K x Q, cells along the output columns): a page's columns are left 0 for that token. Those
+      scores only reach the softmax, which adds the mask's -inf to them: exp gives 0 whatever they were.
+  SKIP_DEPTH (V x P, cells along kk): a page's terms are left out of that token's sums. Its probabilities
+      are exactly 0 (exp(-inf)), and fma(0, v, acc) is acc: the accumulator starts at +0.0 and a sum that
+      comes back to zero is +0.0 (round to nearest), so it is never -0.0, the one value adding +-0 changes.
+A token that sees no page at all (a row masked everywhere: NaN in ggml) has every page marked live.
+The serving cache keeps each sequence's cells in pages of this size (core/memory.py CELL_PAGE), so that
+most pages belong to one sequence.
 """
 from __future__ import annotations
 
@@ -33,6 +46,9 @@ GROUP_COLS = 512   # output columns per task: each row's x is loaded once for th
 # 10-20 us on an idle machine and a scheduler time slice on a busy one (see threads.py).
 PARALLEL_MIN_MACS = 1 << 20
 BLOCK = 16         # a's rows along kk are transposed into tiles in BLOCK x BLOCK blocks (_transpose_block)
+PAGE = COLS        # cells per page for the skips: one K x Q column tile; DEPTH holds DEPTH // PAGE of them
+NO_SKIP, SKIP_COLUMNS, SKIP_DEPTH = 0, 1, 2
+NO_PAGES = np.ones((1, 1), np.uint8)   # the live argument where nothing is skipped
 
 
 @intrinsic
@@ -225,11 +241,32 @@ def _b_index(row, ia3, ia2, r3, r2, n):
 
 
 @njit(cache=True, fastmath=False, inline="always")
-def _run_task(a, a_shape, a_step, x, out, round_x, task):
+def _rows_to_run(row0, row1, n, live, page, skip, rows):
+    """rows[:count] = the rows (of row0 .. row1-1) whose token sees the page (every row unless SKIP_COLUMNS)."""
+    count = 0
+    for row in range(row0, row1):
+        if skip != SKIP_COLUMNS or live[row % n, page]:
+            rows[count] = row
+            count += 1
+    return count
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _sees_all(live, t, k0, nk):
+    """Whether token t sees every page of the depth block k0 .. k0+nk-1."""
+    for page in range(k0 // PAGE, -(-(k0 + nk) // PAGE)):
+        if not live[t, page]:
+            return False
+    return True
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _run_task(a, a_shape, a_step, x, out, round_x, live, skip, task):
     """One (a matrix, row block, column group); the rows are those of every b matrix that uses a's matrix.
 
     For each depth block: the rows' x once (rounded, in xs), then per column block one tile of a, read by
-    every row. The loops only decide what runs when: each output still takes its kk in order.
+    every row. The loops only decide what runs when: each output still takes its kk in order. ``live`` and
+    ``skip``: the pages each token sees and which skip applies (the module docstring).
     """
     n_a3, n_a2, m, k = a_shape
     n_b3, n_b2, n, _ = x.shape
@@ -244,6 +281,7 @@ def _run_task(a, a_shape, a_step, x, out, round_x, task):
     row0, row1 = rb * ROWS, min(r3 * r2 * n, (rb + 1) * ROWS)
     tile = np.empty((DEPTH, COLS), dtype=F32)
     xs = np.empty((row1 - row0, DEPTH), dtype=F32)
+    rows = np.empty(row1 - row0, dtype=np.int64)
     for row in range(row0, row1):
         i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
         out[i3, i2, t, g0:g1] = F32(0)
@@ -254,20 +292,63 @@ def _run_task(a, a_shape, a_step, x, out, round_x, task):
             _load_x(x, i3, i2, t, k0, nk, round_x, xs[row - row0])
         for c0 in range(g0, g1, COLS):
             c1 = min(g1, c0 + COLS)
+            count = _rows_to_run(row0, row1, n, live, c0 // PAGE, skip, rows)
+            if count == 0:
+                continue
             _fill_tile(a, a_step, ia3, ia2, c0, c1 - c0, k0, nk, tile)
-            row = row0
-            while row + 4 <= row1:
-                i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
-                j3, j2, u = _b_index(row + 1, ia3, ia2, r3, r2, n)
-                l3, l2, v = _b_index(row + 2, ia3, ia2, r3, r2, n)
-                h3, h2, w = _b_index(row + 3, ia3, ia2, r3, r2, n)
+            j = 0
+            if skip == SKIP_DEPTH:   # rows whose token sees only some pages of the block: page by page
+                full = 0
+                for j in range(count):
+                    row = rows[j]
+                    i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
+                    if _sees_all(live, t, k0, nk):
+                        rows[full] = row
+                        full += 1
+                        continue
+                    o, x_row = out[i3, i2, t, c0:c1], xs[row - row0]
+                    for s0 in range(0, nk, PAGE):
+                        if live[t, (k0 + s0) // PAGE]:
+                            s1 = min(nk, s0 + PAGE)
+                            _accumulate_row(o, x_row[s0:s1], tile[s0:s1], s1 - s0)
+                count = full
+                j = 0
+            while j + 4 <= count:
+                i3, i2, t = _b_index(rows[j], ia3, ia2, r3, r2, n)
+                j3, j2, u = _b_index(rows[j + 1], ia3, ia2, r3, r2, n)
+                l3, l2, v = _b_index(rows[j + 2], ia3, ia2, r3, r2, n)
+                h3, h2, w = _b_index(rows[j + 3], ia3, ia2, r3, r2, n)
+                if rows[j + 3] == rows[j] + 3:   # consecutive rows: their x is one slice of xs
+                    x4 = xs[rows[j] - row0:rows[j] - row0 + 4]
+                else:
+                    x4 = np.empty((4, nk), dtype=F32)
+                    for q in range(4):
+                        x4[q] = xs[rows[j + q] - row0, :nk]
                 _accumulate_4_rows(out[i3, i2, t, c0:c1], out[j3, j2, u, c0:c1], out[l3, l2, v, c0:c1],
-                                   out[h3, h2, w, c0:c1], xs[row - row0:row - row0 + 4], tile, nk)
-                row += 4
-            while row < row1:
-                i3, i2, t = _b_index(row, ia3, ia2, r3, r2, n)
-                _accumulate_row(out[i3, i2, t, c0:c1], xs[row - row0], tile, nk)
-                row += 1
+                                   out[h3, h2, w, c0:c1], x4, tile, nk)
+                j += 4
+            while j < count:
+                i3, i2, t = _b_index(rows[j], ia3, ia2, r3, r2, n)
+                _accumulate_row(out[i3, i2, t, c0:c1], xs[rows[j] - row0], tile, nk)
+                j += 1
+
+
+@njit(cache=True, nogil=True)
+def pages_live(mask, live):
+    """live[t, p] = 1 where token t sees a cell of page p (mask (n, n_kv) float32 > -inf there), else 0;
+    a token that sees none has every page marked (its row is NaN either way)."""
+    n, n_pages = live.shape
+    for t in range(n):
+        seen = False
+        for p in range(n_pages):
+            live[t, p] = 0
+            for c in range(p * PAGE, min(mask.shape[1], (p + 1) * PAGE)):
+                if mask[t, c] != -np.inf:
+                    live[t, p] = 1
+                    seen = True
+                    break
+        if not seen:
+            live[t, :] = 1
 
 
 def n_tasks(a_shape: tuple[int, ...], x_shape: tuple[int, ...]) -> int:
@@ -278,18 +359,19 @@ def n_tasks(a_shape: tuple[int, ...], x_shape: tuple[int, ...]) -> int:
 
 
 @njit(cache=True, nogil=True, fastmath=False, parallel=True)
-def mul_mat_fixed_order_parallel(a, a_shape, a_step, x, out, round_x, n_tasks):
+def mul_mat_fixed_order_parallel(a, a_shape, a_step, x, out, round_x, live, skip, n_tasks):
     """a: the memory of a (A3, A2, m, k) operand, 1-D float32 or F16 bits (uint16), read at element steps
     a_step; x (B3, B2, n, k) float32 or F16 bits, any strides; out (B3, B2, n, m) float32. B3 and B2 are
-    multiples of A3 and A2 (broadcast, GQA). round_x: round x to F16 first (a is F16)."""
+    multiples of A3 and A2 (broadcast, GQA). round_x: round x to F16 first (a is F16). live (n, pages)
+    uint8 and skip: the pages each of the n tokens sees, and NO_SKIP, SKIP_COLUMNS or SKIP_DEPTH."""
     for task in prange(n_tasks):
-        _run_task(a, a_shape, a_step, x, out, round_x, task)
+        _run_task(a, a_shape, a_step, x, out, round_x, live, skip, task)
 
 
 @njit(cache=True, nogil=True, fastmath=False)
-def mul_mat_fixed_order_serial(a, a_shape, a_step, x, out, round_x, n_tasks):
+def mul_mat_fixed_order_serial(a, a_shape, a_step, x, out, round_x, live, skip, n_tasks):
     for task in range(n_tasks):
-        _run_task(a, a_shape, a_step, x, out, round_x, task)
+        _run_task(a, a_shape, a_step, x, out, round_x, live, skip, task)
 
 
 def as_memory(view: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int, int]]:

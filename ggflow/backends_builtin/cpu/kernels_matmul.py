@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -93,13 +93,15 @@ class PackedWeights:
         return len(self._packs)
 
 
-def bind_mul_mat(node: Tensor, arrays: TensorArrays, weights: PackedWeights, n_threads: int | None = None) -> Kernel:
-    """n_threads: the threads the plan runs on (None: numba's count), for the packed kernels' choice."""
+def bind_mul_mat(node: Tensor, arrays: TensorArrays, weights: PackedWeights, n_threads: int | None = None,
+                 masked: Mapping[Tensor, tuple[Tensor, int]] | None = None) -> Kernel:
+    """n_threads: the threads the plan runs on (None: numba's count), for the packed kernels' choice;
+    masked: the attention products that may skip the pages their tokens cannot see (attention_pages.py)."""
     a, b = node.src
     packs = weights.get(a) if a not in arrays.substitutes else None
     if packs is not None:
         return _bind_packed(packs, weights.kernels, node, arrays, n_threads)
-    return _bind_generic(node, arrays)
+    return _bind_generic(node, arrays, (masked or {}).get(node))
 
 
 def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arrays: TensorArrays,
@@ -128,9 +130,9 @@ def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arra
 
 
 # -- generic path ----------------------------------------------------------------------------------
-def _bind_generic(node: Tensor, arrays: TensorArrays) -> Kernel:
+def _bind_generic(node: Tensor, arrays: TensorArrays, masked: tuple[Tensor, int] | None = None) -> Kernel:
     a = node.src[0]
-    return _bind_weight_gemm(node, arrays) if is_weight(a) else _bind_fixed_order(node, arrays)
+    return _bind_weight_gemm(node, arrays) if is_weight(a) else _bind_fixed_order(node, arrays, masked)
 
 
 def _bind_weight_gemm(node: Tensor, arrays: TensorArrays) -> Kernel:
@@ -165,11 +167,12 @@ def _bind_weight_gemm(node: Tensor, arrays: TensorArrays) -> Kernel:
     return run_padded
 
 
-def _bind_fixed_order(node: Tensor, arrays: TensorArrays) -> Kernel:
+def _bind_fixed_order(node: Tensor, arrays: TensorArrays, masked: tuple[Tensor, int] | None = None) -> Kernel:
     """State that changes between computes (K and V views of the cache): kernels_fixed_order_matmul's kernel.
 
     F32 and F16 operands are read where they lie (the views are bound once; their contents change);
     other types are converted to float32 on each run, x rounded to a's vec_dot_type (Q8_0, ...) here.
+    masked: (mask, skip) where the product may skip the cache pages its tokens cannot see.
     """
     a, b = node.src
     a_view, b_view, out = arrays.view(a), arrays.view(b), arrays.view(node)
@@ -190,13 +193,39 @@ def _bind_fixed_order(node: Tensor, arrays: TensorArrays) -> Kernel:
     # driver twice, some 8 s per compile; copying q costs microseconds.
     target = out if out.dtype == F32 and out.flags.c_contiguous else np.empty(out.shape, F32)
 
+    live, skip, refresh = _pages_seen(node, arrays, masked)
+
     def run() -> None:
+        if refresh is not None:
+            refresh()
         a_data, a_step = a_memory if a_memory is not None else fixed_order.as_memory(a_f32())
         x = x_native if x_in_place else round_x(to_f32(b_view, b.type))
-        kernel(a_data, a_shape, a_step, np.ascontiguousarray(x), target, round_x_to_f16, tasks)
+        kernel(a_data, a_shape, a_step, np.ascontiguousarray(x), target, round_x_to_f16, live, skip, tasks)
         if target is not out:
             out[...] = target
     return run
+
+
+def _pages_seen(node: Tensor, arrays: TensorArrays, masked: tuple[Tensor, int] | None
+                ) -> tuple[np.ndarray, int, Callable[[], None] | None]:
+    """(live, skip, refresh) for the fixed-order kernel: which cache pages each token sees, read from the
+    mask; refresh, for the first product of the plan that reads this mask, recomputes live from it (the
+    plan's later products share the array: one pass over the mask per run, not one per layer)."""
+    if masked is None:
+        return fixed_order.NO_PAGES, fixed_order.NO_SKIP, None
+    mask, skip = masked
+    a, b = node.src
+    n_kv = a.ne[1] if skip == fixed_order.SKIP_COLUMNS else a.ne[0]
+    n_tokens = b.ne[1]
+    if n_kv % fixed_order.PAGE or mask.ne[0] != n_kv or mask.ne[1] < n_tokens or mask.ne[2:] != (1, 1):
+        return fixed_order.NO_PAGES, fixed_order.NO_SKIP, None
+    key = ("pages seen", mask.id, n_tokens)
+    shared = arrays.shared.get(key)
+    if shared is not None:
+        return shared, skip, None
+    live = arrays.shared[key] = np.ones((n_tokens, n_kv // fixed_order.PAGE), np.uint8)
+    mask_rows = arrays.view(mask)[0, 0, :n_tokens]
+    return live, skip, lambda: fixed_order.pages_live(mask_rows, live)
 
 
 def _native_operand(view: np.ndarray, traits: TypeTraits) -> np.ndarray | None:

@@ -1,0 +1,36 @@
+"""Which of a plan's attention products may skip the cache pages a token cannot see.
+
+ggml's attention over the KV cache is three nodes: kq = mul_mat(K, q), p = soft_max(kq, mask, scale),
+kqv = mul_mat(V, p). With a cache shared by several sequences most of K's and V's cells are masked for
+each token, and the fixed-order kernel can leave pages of them out (kernels_fixed_order_matmul, "Pages a
+token cannot see"), given what the mask says. That is safe for V x P whenever p is the softmax itself
+(the skipped probabilities are exact zeros). For K x Q it changes kq at the masked cells (0 there), which
+is safe only where nothing but that softmax reads kq: no other node, no output, nothing after the plan.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from ggflow.backends_builtin.cpu.kernels_fixed_order_matmul import SKIP_COLUMNS, SKIP_DEPTH
+from ggflow.core.ops import Op
+from ggflow.core.tensor import Tensor, TensorFlag
+
+
+def masked_products(nodes: Sequence[Tensor]) -> dict[Tensor, tuple[Tensor, int]]:
+    """mul_mat node -> (the mask its tokens' rows follow, SKIP_COLUMNS or SKIP_DEPTH)."""
+    readers = Counter(src for node in nodes for src in node.src)
+    readers.update(node.view_src for node in nodes if node.view_src is not None)
+    found: dict[Tensor, tuple[Tensor, int]] = {}
+    for softmax in nodes:
+        if softmax.op != Op.SOFT_MAX or len(softmax.src) < 2:
+            continue
+        kq, mask = softmax.src[0], softmax.src[1]
+        if mask.type.name != "F32":
+            continue
+        if kq.op == Op.MUL_MAT and readers[kq] == 1 and not kq.flags & TensorFlag.OUTPUT:
+            found[kq] = (mask, SKIP_COLUMNS)
+        for node in nodes:
+            if node.op == Op.MUL_MAT and node.src[1] is softmax:
+                found[node] = (mask, SKIP_DEPTH)
+    return found
