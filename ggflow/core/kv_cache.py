@@ -4,8 +4,9 @@ Each cell records the position it holds (-1: free) and the set of sequences that
 places a batch's ubatches in free cells, in order: each sequence's tokens go after the last cell it
 already holds, so a sequence's cells stay in position order wherever other sequences sit between
 them; and in pages of CELL_PAGE cells, each sequence its own where there is room (the rest of its last
-page, then whole free pages), so that a backend can skip the pages a token does not see. The attention sums over cells in cell order and a masked cell adds an exact zero, so that keeps
-a sequence's result the same bits whether it ran alone or among others (after prefix reuse too). The
+page, then whole free pages), so that a backend can skip the pages a token does not see. The attention
+sums over cells in cell order and a masked cell adds an exact zero, so that keeps a sequence's result
+the same bits whether it ran alone or among others (after prefix reuse too). The
 graph attends over the first ``n_kv`` cells (padded, so the graph's shape changes rarely) and the mask
 says which of them each token sees.
 With a ``SlidingWindow``, the local layers read a second mask that also hides the cells beyond the window

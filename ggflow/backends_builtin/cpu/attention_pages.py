@@ -5,7 +5,9 @@ kqv = mul_mat(V, p). With a cache shared by several sequences most of K's and V'
 each token, and the fixed-order kernel can leave pages of them out (kernels_fixed_order_matmul, "Pages a
 token cannot see"), given what the mask says. That is safe for V x P whenever p is the softmax itself
 (the skipped probabilities are exact zeros). For K x Q it changes kq at the masked cells (0 there), which
-is safe only where nothing but that softmax reads kq: no other node, no output, nothing after the plan.
+is safe only where nothing but that softmax reads kq: no other node of the plan, not an output. (A node of
+another split cannot be seen from here; in the graphs GraphBuilder.attention makes, the softmax is kq's only
+reader.)
 """
 from __future__ import annotations
 
