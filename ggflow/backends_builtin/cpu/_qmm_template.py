@@ -125,6 +125,21 @@ def _sum_pairs(wp, xq, i, ntok, o, qk, gsize, part):
 
 
 @njit(cache=True, inline="always")
+def _passes(n):
+    """Passes of TOKENS_PER_PASS tokens that cover n >= TOKENS_PER_PASS tokens."""
+    return -(-n // TOKENS_PER_PASS)
+
+
+@njit(cache=True, inline="always")
+def _pass(p, n):
+    """(first token of pass p, first of its tokens to accumulate): whole passes, then for the last 1-3
+    tokens one more pass over the last TOKENS_PER_PASS tokens that accumulates only those not done yet
+    (one compiled pass form, not four)."""
+    i = min(TOKENS_PER_PASS * p, n - TOKENS_PER_PASS)
+    return i, TOKENS_PER_PASS * p - i
+
+
+@njit(cache=True, inline="always")
 def _store_tile(acc, out, i, t):
     base = t * R
     for r in range(min(R, out.shape[1] - base)):
@@ -172,27 +187,22 @@ def _ov_tile(kind, t, w, xq, dx, xe, out):
                     _sum_decoded(wd, xq, i, b * qk, qk, gsize, part)
                     accumulate(acc[i], part, w, t, b, dx, xe, i)
         else:
-            # a block decoded once, then the group sums of TOKENS_PER_PASS tokens per pass, the last
-            # pass over the last TOKENS_PER_PASS tokens accumulating only those not done yet (as in
-            # _tile_pairs); fewer tokens than that: one token per pass
+            # a block decoded once, then the group sums of TOKENS_PER_PASS tokens per pass (_pass);
+            # fewer tokens than that: one token per pass
             wd = np.empty((qk, R), I16)
             sums = np.empty((TOKENS_PER_PASS, groups, R), I16)
-            done = n - n % TOKENS_PER_PASS if n >= TOKENS_PER_PASS else 0
-            last = n - TOKENS_PER_PASS
             for b in range(nb):
                 decode(w, t, b, wd)
-                for i in range(0, done, TOKENS_PER_PASS):
-                    token_sums(wd, xq, i, TOKENS_PER_PASS, b * qk, qk, gsize, sums, R)
-                    for u in range(TOKENS_PER_PASS):
-                        accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
-                if done == 0:
+                if n < TOKENS_PER_PASS:
                     for i in range(n):
                         token_sums(wd, xq, i, 1, b * qk, qk, gsize, sums, R)
                         accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
-                elif done < n:
-                    token_sums(wd, xq, last, TOKENS_PER_PASS, b * qk, qk, gsize, sums, R)
-                    for u in range(done - last, TOKENS_PER_PASS):
-                        accumulate(acc[last + u], sums[u], w, t, b, dx, xe, last + u)
+                    continue
+                for p in range(_passes(n)):
+                    i, first = _pass(p, n)
+                    token_sums(wd, xq, i, TOKENS_PER_PASS, b * qk, qk, gsize, sums, R)
+                    for u in range(first, TOKENS_PER_PASS):
+                        accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
         for i in range(n):
             _store_tile(acc[i], out, i, t)
     return impl
@@ -237,21 +247,14 @@ def _ov_tile_pairs(kind, t, w, xq, dx, xe, out):
         wd = np.empty((qk, R), I16)
         wp = np.empty((qk // 2, 2 * R), I16)
         sums = np.empty((TOKENS_PER_PASS, groups, R), I16)
-        last = n - TOKENS_PER_PASS
-        done = n - n % TOKENS_PER_PASS
         for b in range(nb):
             decode(w, t, b, wd)
             _interleave_pairs(wd, wp, qk)
-            for i in range(0, done, TOKENS_PER_PASS):
+            for p in range(_passes(n)):
+                i, first = _pass(p, n)
                 _sum_pairs(wp, xq, i, TOKENS_PER_PASS, b * qk, qk, gsize, sums)
-                for u in range(TOKENS_PER_PASS):
+                for u in range(first, TOKENS_PER_PASS):
                     accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
-            if done < n:
-                # the last 1-3 tokens: one more pass over the last TOKENS_PER_PASS tokens, accumulating
-                # only those not done yet (one compiled pass form, not four)
-                _sum_pairs(wp, xq, last, TOKENS_PER_PASS, b * qk, qk, gsize, sums)
-                for u in range(done - last, TOKENS_PER_PASS):
-                    accumulate(acc[last + u], sums[u], w, t, b, dx, xe, last + u)
         for i in range(n):
             _store_tile(acc[i], out, i, t)
     return impl

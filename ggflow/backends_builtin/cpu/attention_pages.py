@@ -23,16 +23,17 @@ def masked_products(nodes: Sequence[Tensor]) -> dict[Tensor, tuple[Tensor, int]]
     """mul_mat node -> (the mask its tokens' rows follow, SKIP_COLUMNS or SKIP_DEPTH)."""
     readers = Counter(src for node in nodes for src in node.src)
     readers.update(node.view_src for node in nodes if node.view_src is not None)
+    softmax_of = {node.src[0]: node for node in nodes if _masked_softmax(node)}   # kq -> its softmax
     found: dict[Tensor, tuple[Tensor, int]] = {}
-    for softmax in nodes:
-        if softmax.op != Op.SOFT_MAX or len(softmax.src) < 2:
+    for node in nodes:
+        if node.op != Op.MUL_MAT:
             continue
-        kq, mask = softmax.src[0], softmax.src[1]
-        if mask.type.name != "F32":
-            continue
-        if kq.op == Op.MUL_MAT and readers[kq] == 1 and not kq.flags & TensorFlag.OUTPUT:
-            found[kq] = (mask, SKIP_COLUMNS)
-        for node in nodes:
-            if node.op == Op.MUL_MAT and node.src[1] is softmax:
-                found[node] = (mask, SKIP_DEPTH)
+        if _masked_softmax(node.src[1]):                                   # V x P
+            found[node] = (node.src[1].src[1], SKIP_DEPTH)
+        elif node in softmax_of and readers[node] == 1 and not node.flags & TensorFlag.OUTPUT:   # K x Q
+            found[node] = (softmax_of[node].src[1], SKIP_COLUMNS)
     return found
+
+
+def _masked_softmax(t: Tensor) -> bool:
+    return t.op == Op.SOFT_MAX and len(t.src) > 1 and t.src[1].type.name == "F32"

@@ -205,15 +205,15 @@ def _accumulate_row(o, xs, tile, nk):
 
 
 @njit(cache=True, fastmath=False, inline="always")
-def _accumulate_4_rows(o0, o1, o2, o3, xs, tile, nk):
+def _accumulate_4_rows(o0, o1, o2, o3, x0, x1, x2, x3, tile, nk):
     """_accumulate_row for 4 rows at once (the same operations per element): each tile load feeds 4 FMAs."""
     nc = o0.shape[0]
     r = 0
     while r + 4 <= nk:
-        a0, a1, a2, a3 = xs[0, r], xs[0, r + 1], xs[0, r + 2], xs[0, r + 3]
-        b0, b1, b2, b3 = xs[1, r], xs[1, r + 1], xs[1, r + 2], xs[1, r + 3]
-        c0, c1, c2, c3 = xs[2, r], xs[2, r + 1], xs[2, r + 2], xs[2, r + 3]
-        d0, d1, d2, d3 = xs[3, r], xs[3, r + 1], xs[3, r + 2], xs[3, r + 3]
+        a0, a1, a2, a3 = x0[r], x0[r + 1], x0[r + 2], x0[r + 3]
+        b0, b1, b2, b3 = x1[r], x1[r + 1], x1[r + 2], x1[r + 3]
+        c0, c1, c2, c3 = x2[r], x2[r + 1], x2[r + 2], x2[r + 3]
+        d0, d1, d2, d3 = x3[r], x3[r + 1], x3[r + 2], x3[r + 3]
         t0, t1, t2, t3 = tile[r], tile[r + 1], tile[r + 2], tile[r + 3]
         for c in range(nc):
             w0, w1, w2, w3 = t0[c], t1[c], t2[c], t3[c]
@@ -224,7 +224,7 @@ def _accumulate_4_rows(o0, o1, o2, o3, xs, tile, nk):
         r += 4
     while r < nk:
         t0 = tile[r]
-        a0, b0, c0, d0 = xs[0, r], xs[1, r], xs[2, r], xs[3, r]
+        a0, b0, c0, d0 = x0[r], x1[r], x2[r], x3[r]
         for c in range(nc):
             w0 = t0[c]
             o0[c] = fma(a0, w0, o0[c])
@@ -296,7 +296,6 @@ def _run_task(a, a_shape, a_step, x, out, round_x, live, skip, task):
             if count == 0:
                 continue
             _fill_tile(a, a_step, ia3, ia2, c0, c1 - c0, k0, nk, tile)
-            j = 0
             if skip == SKIP_DEPTH:   # rows whose token sees only some pages of the block: page by page
                 full = 0
                 for j in range(count):
@@ -312,20 +311,15 @@ def _run_task(a, a_shape, a_step, x, out, round_x, live, skip, task):
                             s1 = min(nk, s0 + PAGE)
                             _accumulate_row(o, x_row[s0:s1], tile[s0:s1], s1 - s0)
                 count = full
-                j = 0
+            j = 0
             while j + 4 <= count:
                 i3, i2, t = _b_index(rows[j], ia3, ia2, r3, r2, n)
                 j3, j2, u = _b_index(rows[j + 1], ia3, ia2, r3, r2, n)
                 l3, l2, v = _b_index(rows[j + 2], ia3, ia2, r3, r2, n)
                 h3, h2, w = _b_index(rows[j + 3], ia3, ia2, r3, r2, n)
-                if rows[j + 3] == rows[j] + 3:   # consecutive rows: their x is one slice of xs
-                    x4 = xs[rows[j] - row0:rows[j] - row0 + 4]
-                else:
-                    x4 = np.empty((4, nk), dtype=F32)
-                    for q in range(4):
-                        x4[q] = xs[rows[j + q] - row0, :nk]
                 _accumulate_4_rows(out[i3, i2, t, c0:c1], out[j3, j2, u, c0:c1], out[l3, l2, v, c0:c1],
-                                   out[h3, h2, w, c0:c1], x4, tile, nk)
+                                   out[h3, h2, w, c0:c1], xs[rows[j] - row0], xs[rows[j + 1] - row0],
+                                   xs[rows[j + 2] - row0], xs[rows[j + 3] - row0], tile, nk)
                 j += 4
             while j < count:
                 i3, i2, t = _b_index(rows[j], ia3, ia2, r3, r2, n)
