@@ -15,6 +15,7 @@ import pytest
 import ggflow
 from ggflow.backends_builtin.cpu import _qmm_act as act
 from ggflow.backends_builtin.cpu import quant_matmul as qmm
+from ggflow.core.types import type_traits
 from ggflow.errors import BackendError, ShapeError
 
 GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "quant_ggml_seed1.npz"
@@ -196,17 +197,33 @@ def test_quantized_matmul_equals_ggml_integer_dot_on_its_own_quantized_activatio
     assert np.all(np.abs(got - want) <= bound)
 
 
-# 3: one token per pass; 4: one whole pass; 5 and 7: a last pass over the last four tokens; 9: the pairs kernel
+def batch_paths(w_type: str) -> list[str]:
+    """The batched kernels a type has: the tile one, the pairs one, and quads where it brings decode_quads."""
+    return ["tile", "pairs"] + (["quads"] if qmm.cpu_pieces(type_traits(w_type)).decode_quads else [])
+
+
+# 3: one token per pass (tile), a pass of two and one more (quads); 4: one whole pass; 5 and 7: a last pass
+# over the last four tokens (tile, pairs) or one token after whole passes (quads); 9: more passes
 @pytest.mark.parametrize("n", [3, 4, 5, 7, 9])
 @pytest.mark.parametrize("w_type", LEGACY + KQUANTS)
-def test_batched_path_gives_the_matvec_results_bit_for_bit(w_type, n):
+def test_every_batched_path_gives_the_matvec_results_bit_for_bit(w_type, n):
     k = 256
     q, _ = weight(w_type, 70, k, seed=7)
     pw = qmm.pack_weight(q, w_type)
     x = activations(n, k, seed=8)
-    batched = run(pw, x)                        # the tile-decoding batched paths
     one_by_one = np.concatenate([run(pw, x[i:i + 1]) for i in range(n)])
-    np.testing.assert_array_equal(batched, one_by_one)
+    np.testing.assert_array_equal(run(pw, x), one_by_one)      # the path mul_mat chooses
+    for path in batch_paths(w_type):
+        batched = np.full((n, pw.rows), np.nan, np.float32)
+        pw.drivers.get(False, path)(*kernel_args(pw, x), batched)
+        np.testing.assert_array_equal(batched, one_by_one, err_msg=f"the {path} kernel")
+
+
+def test_types_with_unsigned_quants_take_the_quads_kernel_for_batches():
+    q, _ = weight("Q4_K", 70, 256)
+    pw = qmm.pack_weight(q, "Q4_K")
+    assert pw.kernel(False, 3) is pw.drivers.get(False, "quads")
+    assert pw.kernel(False, 2) is pw.drivers.get(False, "tile")     # two tokens: the one-pass matvec
 
 
 def kernel_args(pw, x):

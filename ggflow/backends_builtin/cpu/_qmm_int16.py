@@ -8,8 +8,9 @@ its caller (numba's IR inlining is what made the kernels slow to compile).
 """
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.extending import intrinsic
 
 _I16 = ir.IntType(16)
@@ -77,3 +78,13 @@ def wide_vectors(typingctx):
         set.add(attrs, '"min-legal-vector-width"="512"')
         return context.get_dummy_value()
     return types.none(), codegen
+
+
+_U32 = np.uint32
+
+
+@njit(cache=True, inline="always")
+def word_pair(words, t, b, m, r):
+    """Words m and m+1 of row r as one uint32: the row's bytes 2m .. 2m+3 in order (for decode_quads,
+    whose lanes hold four consecutive bytes of a row)."""
+    return _U32(words[t, b, m, r]) | (_U32(words[t, b, m + 1, r]) << _U32(16))

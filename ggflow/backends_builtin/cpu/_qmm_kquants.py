@@ -24,13 +24,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, word_pair
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_field, tile_rows
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 
 F32 = np.float32
 I16 = np.int16
 I32 = np.int32
+U32 = np.uint32
 R = 64     # rows per tile, a compile-time constant of every piece here (see _qmm_layout.TILE)
 check_tile(R, __name__)
 QK = 256
@@ -373,6 +374,59 @@ def _decode_q6_k(w, t, b, wd):
     _decode_q6_k_hs(ql, qh, t, b, 1, 1, wd)
 
 
+# ----------------------------------------------------------------------------- byte-quad decoding
+# Quad j: elements 4j .. 4j+3 of a row as the bytes of one int32 lane (see qmm_pieces). Word pair 2p, 2p+1
+# holds four consecutive quant bytes of a row: the elements _decode_* gives words 2p and 2p+1, in order.
+
+@njit(cache=True, inline="always")
+def _quads_q2_k(qs, t, b, wq):
+    for p in range(16):
+        j = 32 * (p // 8) + p % 8          # elements 128 (p // 8) + 4 (p % 8) + 32 s
+        for r in range(R):
+            v = word_pair(qs, t, b, 2 * p, r)
+            for s in range(4):
+                wq[j + 8 * s, r] = I32((v >> U32(2 * s)) & U32(0x03030303))
+
+
+@njit(cache=True, inline="always")
+def _quads_q4_k(qs, t, b, wq):
+    for p in range(32):
+        j = 16 * (p // 8) + p % 8          # low nibbles: elements 64 (p // 8) + 4 (p % 8); high ones 32 on
+        for r in range(R):
+            v = word_pair(qs, t, b, 2 * p, r)
+            wq[j, r] = I32(v & U32(0x0F0F0F0F))
+            wq[j + 8, r] = I32((v >> U32(4)) & U32(0x0F0F0F0F))
+
+
+@njit(cache=True, inline="always")
+def _quads_q5_k_chunk(qs, qh, t, b, c, wq):
+    for p in range(8 * c, 8 * c + 8):
+        j = 16 * c + p % 8
+        for r in range(R):
+            v = word_pair(qs, t, b, 2 * p, r)
+            hq = word_pair(qh, t, b, (2 * p) % 16, r)      # fifth bits: 2c (low nibble), 2c + 1 (high)
+            wq[j, r] = I32((v & U32(0x0F0F0F0F)) | (((hq >> U32(2 * c)) & U32(0x01010101)) << U32(4)))
+            wq[j + 8, r] = I32(((v >> U32(4)) & U32(0x0F0F0F0F)) | (((hq >> U32(2 * c + 1)) & U32(0x01010101)) << U32(4)))
+
+
+@njit(cache=True, inline="always")
+def _q5_k_quads(w, t, b, wq):
+    _quads_q5_k_chunk(w[0], w[1], t, b, 0, wq)
+    _quads_q5_k_chunk(w[0], w[1], t, b, 1, wq)
+    _quads_q5_k_chunk(w[0], w[1], t, b, 2, wq)
+    _quads_q5_k_chunk(w[0], w[1], t, b, 3, wq)
+
+
+@njit(cache=True, inline="always")
+def _q2_k_quads(w, t, b, wq):
+    _quads_q2_k(w[0], t, b, wq)
+
+
+@njit(cache=True, inline="always")
+def _q4_k_quads(w, t, b, wq):     # also Q3_K's (its quants repacked as Q4_K nibbles)
+    _quads_q4_k(w[0], t, b, wq)
+
+
 # ------------------------------------------------------------------------------------ the pieces
 # w is what the type's pack returned; dx the Q8_K scales, xe its bsums (sums of 16 activations).
 
@@ -430,9 +484,9 @@ def _q5_k_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, qh, sc, mn, d, dmin
 
 
 PIECES = {
-    "Q2_K": BlockPieces(QK, 16, pack_q2_k, _q2_k_sums, _q2_k_dec, _q2_k_acc),
-    "Q3_K": BlockPieces(QK, 16, pack_q3_k, _q4_k_sums, _q4_k_dec, _q3_k_acc),
-    "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc),
-    "Q5_K": BlockPieces(QK, 32, pack_q5_k, _q5_k_sums, _q5_k_dec, _q5_k_acc),
+    "Q2_K": BlockPieces(QK, 16, pack_q2_k, _q2_k_sums, _q2_k_dec, _q2_k_acc, _q2_k_quads),
+    "Q3_K": BlockPieces(QK, 16, pack_q3_k, _q4_k_sums, _q4_k_dec, _q3_k_acc, _q4_k_quads),
+    "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc, _q4_k_quads),
+    "Q5_K": BlockPieces(QK, 32, pack_q5_k, _q5_k_sums, _q5_k_dec, _q5_k_acc, _q5_k_quads),
     "Q6_K": BlockPieces(QK, 32, pack_q6_k, _sum_q6_block, _decode_q6_k, _acc_q6_k),
 }

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8, word_pair
 from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, tile_rows
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
@@ -34,6 +34,7 @@ from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 F32 = np.float32
 I16 = np.int16
 I32 = np.int32
+U32 = np.uint32
 R = 64     # rows per tile, a compile-time constant of every piece here (see _qmm_layout.TILE)
 check_tile(R, __name__)
 
@@ -160,6 +161,37 @@ def _decode_i8(qs, t, b, w):
             w[2 * m, r] = sext8(v, 0)
             w[2 * m + 1, r] = sext8(v, 1)
 
+# ----------------------------------------------------------------------------- byte-quad decoding
+# Quad j of a block: elements 4j .. 4j+3 of a row as the bytes of one int32 lane (for vpdpbusd). Words
+# 2m4 and 2m4+1 of a 4-bit block are its bytes 4m4 .. 4m4+3: low nibbles elements 4m4.., high ones +16.
+
+NIBBLES = U32(0x0F0F0F0F)
+
+
+@njit(cache=True, inline="always")
+def _quads_u4(qs, t, b, wq):
+    for m4 in range(4):
+        for r in range(R):
+            v = word_pair(qs, t, b, 2 * m4, r)
+            wq[m4, r] = I32(v & NIBBLES)
+            wq[4 + m4, r] = I32((v >> U32(4)) & NIBBLES)
+
+
+@njit(cache=True, inline="always")
+def _bits_to_bytes(x):
+    """Bits 0..3 of x to bit 4 of bytes 0..3 (a Q5 block's fifth bits beside their nibbles)."""
+    return ((x & U32(1)) | ((x & U32(2)) << U32(7)) | ((x & U32(4)) << U32(14)) | ((x & U32(8)) << U32(21))) << U32(4)
+
+
+@njit(cache=True, inline="always")
+def _quads_u5(qs, qh, t, b, wq):
+    for m4 in range(4):
+        for r in range(R):
+            v = word_pair(qs, t, b, 2 * m4, r)
+            wq[m4, r] = I32((v & NIBBLES) | _bits_to_bytes(U32(qh[t, b, 0, r]) >> U32(4 * m4)))
+            wq[4 + m4, r] = I32(((v >> U32(4)) & NIBBLES) | _bits_to_bytes(U32(qh[t, b, 1, r]) >> U32(4 * m4)))
+
+
 # ------------------------------------------------------------------------------------ the pieces
 # w is what the type's pack returned; dx, xe the Q8_0 / Q8_1 activation scales and block sums.
 
@@ -219,6 +251,16 @@ def _q8_decode(w, t, b, wd):
 
 
 @njit(cache=True, inline="always")
+def _q4_quads(w, t, b, wq):
+    _quads_u4(w[0], t, b, wq)
+
+
+@njit(cache=True, inline="always")
+def _q5_quads(w, t, b, wq):
+    _quads_u5(w[0], w[1], t, b, wq)
+
+
+@njit(cache=True, inline="always")
 def _q4_0_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, d
     _acc_offset(acc, part, 2, w[1][t, b], 8 * xe[i, b], dx[i, b])
 
@@ -244,9 +286,9 @@ def _q8_0_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, d
 
 
 PIECES = {
-    "Q4_0": BlockPieces(32, 2, pack_q4_0, _q4_sums, _q4_decode, _q4_0_acc),
-    "Q4_1": BlockPieces(32, 2, pack_q4_1, _q4_sums, _q4_decode, _q4_1_acc),
-    "Q5_0": BlockPieces(32, 4, pack_q5_0, _q5_sums, _q5_decode, _q5_0_acc),
-    "Q5_1": BlockPieces(32, 4, pack_q5_1, _q5_sums, _q5_decode, _q5_1_acc),
+    "Q4_0": BlockPieces(32, 2, pack_q4_0, _q4_sums, _q4_decode, _q4_0_acc, _q4_quads),
+    "Q4_1": BlockPieces(32, 2, pack_q4_1, _q4_sums, _q4_decode, _q4_1_acc, _q4_quads),
+    "Q5_0": BlockPieces(32, 4, pack_q5_0, _q5_sums, _q5_decode, _q5_0_acc, _q5_quads),
+    "Q5_1": BlockPieces(32, 4, pack_q5_1, _q5_sums, _q5_decode, _q5_1_acc, _q5_quads),
     "Q8_0": BlockPieces(32, 16, pack_q8_0, _q8_sums, _q8_decode, _q8_0_acc),
 }

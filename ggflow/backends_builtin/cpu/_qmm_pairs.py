@@ -38,6 +38,14 @@ def _target_features(context) -> set[str]:
     return set(getattr(context.codegen(), "_tm_features", "").split(","))
 
 
+def pairs_are_fast() -> bool:
+    """Whether numba's target has AVX-512 (BW), where pair_sums is one vpdpwssd or vpmaddwd per 32
+    products. Elsewhere (AVX2) its plain IR loses to the int16 tile path (Q8_0 1536 x 576, n = 64, Zen 3:
+    ... )."""
+    from numba.core.registry import cpu_target
+    return "+avx512bw" in _target_features(cpu_target.target_context)
+
+
 def _madd_accumulate(builder, features, acc, w, x):
     """acc + (w[2m] * x[2m] + w[2m+1] * x[2m+1]) per int32 lane m.
 

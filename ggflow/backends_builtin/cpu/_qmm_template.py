@@ -45,11 +45,13 @@ from numba.extending import overload
 
 from ggflow.backends_builtin.cpu._qmm_int16 import wide_vectors
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile
-from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums
+from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums, pairs_are_fast
+from ggflow.backends_builtin.cpu._qmm_quads import quad_sums
 from ggflow.backends_builtin.cpu._qmm_token_sums import token_sums
 
 F32 = np.float32
 I16 = np.int16
+I32 = np.int32
 R = 64     # rows per tile, a compile-time constant of the skeleton (see _qmm_layout.TILE)
 check_tile(R, __name__)
 MATVEC_MAX_TOKENS = 2   # up to this many tokens the one-pass matvec beats decoding into a buffer
@@ -63,6 +65,11 @@ PAIRS_MIN_TOKENS = 8
 # storing the accumulators per group costs more than it saves (Q8_0 49152 x 576, 4 tokens: 4.5-5.3 ms the
 # scalar way, 5.9-6.8 ms in registers; Q4_1's 16-element groups: 1.2-1.5x faster in registers).
 TOKEN_SUMS_MIN_GROUP = 8
+# Batches of this many tokens or more take the quads kernel where the type has decode_quads (vpdpbusd /
+# vpmaddubsw on byte quads; see _qmm_quads), QUAD_TOKENS tokens per pass over a decoded block: two kept AVX2's
+# 16 vector registers free of spills (Q4_1 1536 x 576 on a Zen 3, n = 4: four per pass 1.6x slower than two).
+QUADS_MIN_TOKENS = 3
+QUAD_TOKENS = 2
 if PAIRS_MIN_TOKENS < TOKENS_PER_PASS:
     raise ImportError("PAIRS_MIN_TOKENS must be at least TOKENS_PER_PASS (the last pass re-reads the last tokens)")
 
@@ -274,18 +281,90 @@ def _mul_mat_pairs_serial(kind, w, xq, dx, xe, out):
         _tile_pairs(kind, t, w, xq, dx, xe, out)
 
 
+def _tile_quads(kind, t, w, x8, dx, xe, out):
+    """Row tile t of out = W x for QUADS_MIN_TOKENS tokens or more (compiled per type, see _ov_tile_quads)."""
+    raise NotImplementedError("only called from compiled kernels")
+
+
+@overload(_tile_quads, jit_options={"nogil": True})
+def _ov_tile_quads(kind, t, w, x8, dx, xe, out):
+    """The batched path in byte quads: a block decoded once by the type's ``decode_quads`` (four elements
+    of a row per int32 lane, unsigned bytes), the group sums of TOKENS_PER_PASS tokens per pass formed in
+    int32 (``_qmm_quads.quad_sums``: vpdpbusd), accumulated per token in order as in ``_tile``: the same
+    integers, so the same bits."""
+    p = _pieces_of(kind)
+    if p is None or p.decode_quads is None:
+        return None
+    decode_quads, accumulate = p.decode_quads, p.accumulate
+    qk, groups = p.block_size, p.groups
+    quads_per_group = qk // groups // 4
+
+    def impl(kind, t, w, x8, dx, xe, out):
+        wide_vectors()
+        nb = w[0].shape[1]
+        n = out.shape[0]
+        acc = np.zeros((n, R), F32)
+        wq = np.empty((qk // 4, R), I32)
+        sums = np.empty((QUAD_TOKENS, groups, R), I32)
+        for b in range(nb):
+            decode_quads(w, t, b, wq)
+            for i in range(0, n - n % QUAD_TOKENS, QUAD_TOKENS):
+                for g in range(groups):
+                    quad_sums(wq, x8, i, QUAD_TOKENS, b * qk, g * quads_per_group, quads_per_group, sums, g, R)
+                for u in range(QUAD_TOKENS):
+                    accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+            for i in range(n - n % QUAD_TOKENS, n):
+                for g in range(groups):
+                    quad_sums(wq, x8, i, 1, b * qk, g * quads_per_group, quads_per_group, sums, g, R)
+                accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
+        for i in range(n):
+            _store_tile(acc[i], out, i, t)
+    return impl
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _mul_mat_quads_parallel(kind, w, xq, dx, xe, out):
+    literally(kind)
+    x8 = xq.astype(np.int8)     # quantized activations fit a byte: the quads read four at a time
+    for t in prange(w[0].shape[0]):
+        _tile_quads(kind, t, w, x8, dx, xe, out)
+
+
+@njit(cache=True, nogil=True)
+def _mul_mat_quads_serial(kind, w, xq, dx, xe, out):
+    literally(kind)
+    x8 = xq.astype(np.int8)
+    for t in range(w[0].shape[0]):
+        _tile_quads(kind, t, w, x8, dx, xe, out)
+
+
 Kernel = Callable[..., None]
 
 
-def entry_point(kind: str, parallel: bool, arg_types: tuple, pairs: bool = False) -> Kernel:
+PATHS = ("tile", "pairs", "quads")
+
+
+def batch_path(has_quads: bool, n_tokens: int) -> str:
+    """Which kernel a product of n_tokens runs (all give the same bits): "quads" from QUADS_MIN_TOKENS
+    where the type has decode_quads, "pairs" from PAIRS_MIN_TOKENS on CPUs with AVX-512 (on AVX2 its
+    int16 pairs lose to the tile path: Q8_0 ...), else "tile"."""
+    if has_quads and n_tokens >= QUADS_MIN_TOKENS:
+        return "quads"
+    if n_tokens >= PAIRS_MIN_TOKENS and pairs_are_fast():
+        return "pairs"
+    return "tile"
+
+
+def entry_point(kind: str, parallel: bool, arg_types: tuple, path: str = "tile") -> Kernel:
     """A compiled kernel, called as f(kind, w, xq, dx, xe, out); arg_types: the numba types of
-    (w, xq, dx, xe, out). parallel: the prange driver; pairs: the kernel for PAIRS_MIN_TOKENS tokens or more.
+    (w, xq, dx, xe, out). parallel: the prange driver; path: one of PATHS (see batch_path).
 
     Compiled (or loaded from numba's cache) on first use: a model whose products are all small never
-    pays for its parallel drivers, which cost the most to compile, and decoding never for the pairs ones."""
+    pays for its parallel drivers, which cost the most to compile, and decoding never for the batch ones."""
     sig = (types.literal(kind),) + tuple(arg_types)
-    driver = {(False, False): _mul_mat_serial, (True, False): _mul_mat_parallel,
-              (False, True): _mul_mat_pairs_serial, (True, True): _mul_mat_pairs_parallel}[parallel, pairs]
+    driver = {("tile", False): _mul_mat_serial, ("tile", True): _mul_mat_parallel,
+              ("pairs", False): _mul_mat_pairs_serial, ("pairs", True): _mul_mat_pairs_parallel,
+              ("quads", False): _mul_mat_quads_serial, ("quads", True): _mul_mat_quads_parallel}[path, parallel]
     with warnings.catch_warnings():
         # numba's pedantic scope check flags the loop variables of pieces inlined three calls deep
         # ("variable ... is not in scope"); the generated code is unaffected (the outputs are

@@ -43,13 +43,18 @@ class BlockPieces:
     block_sums: Callable
     decode: Callable
     accumulate: Callable
+    decode_quads: Callable | None = None   # optional: batches in byte quads (vpdpbusd), see below
 
     def __post_init__(self):
         if self.groups < 2 or self.groups % 2 or self.block_size % self.groups:
             raise ValueError(f"BlockPieces: groups={self.groups} must be even and divide block_size={self.block_size}")
+        if self.decode_quads is not None and (self.block_size // self.groups) % 4:
+            raise ValueError(f"BlockPieces: decode_quads needs groups of a multiple of 4 elements, got "
+                             f"{self.block_size // self.groups}")
 
     def functions(self) -> tuple[Callable, ...]:
-        return self.pack, self.block_sums, self.decode, self.accumulate
+        extra = (self.decode_quads,) if self.decode_quads is not None else ()
+        return (self.pack, self.block_sums, self.decode, self.accumulate) + extra
 
 
 __all__ = ["BlockPieces", "TILE", "tile_rows", "f16_field", "field", "bit_to", "sext8", "wide_vectors"]

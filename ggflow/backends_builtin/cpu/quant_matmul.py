@@ -81,21 +81,23 @@ class _QuantType:
 
 class _Drivers:
     """A type's kernels for one argument layout, each compiled (or loaded from numba's cache) on first
-    use: parallel or serial, and for quantized types the pairs kernel of big batches or the other."""
+    use: parallel or serial, and for quantized types the batch path (``tmpl.PATHS``: "tile", "pairs",
+    "quads")."""
     __slots__ = ("_compile", "_kernels")
 
-    def __init__(self, compile: Callable[[bool, bool], Kernel]):
+    def __init__(self, compile: Callable[[bool, str], Kernel]):
         self._compile = compile
-        self._kernels: dict[tuple[bool, bool], Kernel] = {}
+        self._kernels: dict[tuple[bool, str], Kernel] = {}
 
-    def get(self, parallel: bool, pairs: bool = False) -> Kernel:
-        kernel = self._kernels.get((parallel, pairs))
+    def get(self, parallel: bool, path: str = "tile") -> Kernel:
+        kernel = self._kernels.get((parallel, path))
         if kernel is None:
-            kernel = self._kernels[parallel, pairs] = self._compile(parallel, pairs)
+            kernel = self._kernels[parallel, path] = self._compile(parallel, path)
         return kernel
 
 
 _QUANT_TYPES: dict[str, _QuantType] = {}
+_BATCH_PATHS: dict[str, bool] = {}     # kind -> whether its pieces have decode_quads
 _DRIVERS: dict[tuple, _Drivers] = {}   # (kind, argument types) -> its drivers
 
 
@@ -122,6 +124,7 @@ def _quant_type(traits: TypeTraits) -> _QuantType | None:
         raise BackendError(f"{traits.name}: vec_dot_type {traits.vec_dot_type!r} has no CPU activation "
                            f"quantizer; the matmul skeleton takes {', '.join(ACTIVATION_TYPES)}")
     qt = _QUANT_TYPES[traits.name] = _QuantType(traits, pieces, tmpl.register_pieces(traits.name, pieces))
+    _BATCH_PATHS[qt.kind] = pieces.decode_quads is not None
     return qt
 
 
@@ -162,9 +165,12 @@ class PackedWeight:
         return self.drivers.get(False)
 
     def kernel(self, parallel: bool, n_tokens: int) -> Kernel:
-        """The kernel for a product of n_tokens rows: quantized batches of PAIRS_MIN_TOKENS or more take the
-        pairs kernel (the same results, int16 pairs multiplied into int32 lanes)."""
-        return self.drivers.get(parallel, self.vec_dot_type is not None and n_tokens >= tmpl.PAIRS_MIN_TOKENS)
+        """The kernel for a product of n_tokens rows (the same results whichever runs): quantized batches
+        take the quads kernel from QUADS_MIN_TOKENS where the type has decode_quads, else the pairs kernel
+        from PAIRS_MIN_TOKENS where the CPU has AVX-512 (int16 pairs into int32 lanes), else the tile one."""
+        if self.vec_dot_type is None:
+            return self.drivers.get(parallel)
+        return self.drivers.get(parallel, tmpl.batch_path(_BATCH_PATHS[self.kind], n_tokens))
 
     @property
     def nbytes(self) -> int:
@@ -242,7 +248,7 @@ def _quant_drivers(qt: _QuantType, arrays: tuple, k: int) -> _Drivers:
         acts = quantize_activations(np.zeros((1, k), np.float32), qt.traits.vec_dot_type)
         arg_types = (w_type, *(typeof(a) for a in acts), typeof(np.zeros((1, 1), np.float32)))
         drivers = _DRIVERS[(qt.kind, w_type)] = _Drivers(
-            lambda parallel, pairs: tmpl.entry_point(qt.kind, parallel, arg_types, pairs))
+            lambda parallel, path: tmpl.entry_point(qt.kind, parallel, arg_types, path))
     return drivers
 
 
@@ -262,7 +268,7 @@ def _pack_float(w: np.ndarray, w_type: str, as_type: str | None = None) -> Packe
     drivers = _DRIVERS.get((w_type, arg_types[0]))
     if drivers is None:   # the types only: a driver must not keep the first weight it saw alive
         drivers = _DRIVERS[(w_type, arg_types[0])] = _Drivers(
-            lambda parallel, pairs: flt.entry_point(w_type, parallel, arg_types))
+            lambda parallel, path: flt.entry_point(w_type, parallel, arg_types))
     return PackedWeight(as_type or w_type, w.shape[0], w.shape[1], (w,), w_type, w_type, None, rounding, drivers)
 
 

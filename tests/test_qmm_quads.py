@@ -1,0 +1,82 @@
+"""The byte-quad batched matmul: _qmm_quads.quad_sums against numpy, and each type's decode_quads
+against its decode (the same values, laid out four elements of a row to a 32-bit lane)."""
+import numpy as np
+import pytest
+from numba import njit
+
+import ggflow
+from ggflow.backends_builtin.cpu import quant_matmul as qmm
+from ggflow.backends_builtin.cpu._qmm_quads import quad_sums
+from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
+from ggflow.core.types import type_traits
+
+ROWS = 64
+QUAD_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K"]
+
+
+@njit(cache=True)
+def _run(wq, x8, i0, o, nquads, part, groups, ntok):
+    for g in range(groups):
+        if ntok == 2:
+            quad_sums(wq, x8, i0, 2, o, g * nquads, nquads, part, g, ROWS)
+        else:
+            quad_sums(wq, x8, i0, 1, o, g * nquads, nquads, part, g, ROWS)
+
+
+def _as_quads(wd: np.ndarray) -> np.ndarray:
+    """(elements, rows) small non-negative values -> (elements // 4, rows) int32 lanes of four bytes."""
+    b = wd.astype(np.uint8).reshape(-1, 4, wd.shape[1])                 # [quad, h, row]
+    return np.ascontiguousarray(b.transpose(0, 2, 1)).view(np.int32)[..., 0]
+
+
+# the pieces' contract: a group's products summed in absolute value fit int16 (|x| <= 128)
+@pytest.mark.parametrize("ntok", [1, 2])
+@pytest.mark.parametrize("gsize, top", [(4, 63), (8, 31), (16, 15), (16, 3)])
+def test_quad_sums_are_the_exact_group_sums(ntok, gsize, top):
+    rng = np.random.default_rng(gsize * 100 + top + ntok)
+    qk, n, o, i0 = 32, 5, 32, 2
+    wd = rng.integers(0, top + 1, (qk, ROWS))
+    wd[:, 0] = top                                             # a row at the contract's bound
+    x = rng.integers(-128, 128, (n, 3 * qk)).astype(np.int8)
+    x[i0:i0 + ntok, o:o + qk] = -128                           # ... against the most negative activations
+    x[i0, o + 1] = 127
+    part = np.full((ntok, qk // gsize, ROWS), 12345, np.int32)
+    _run(_as_quads(wd), x, i0, o, gsize // 4, part, qk // gsize, ntok)
+    for u in range(ntok):
+        prod = wd * x[i0 + u, o:o + qk].astype(np.int64)[:, None]
+        np.testing.assert_array_equal(part[u], prod.reshape(qk // gsize, gsize, ROWS).sum(axis=1))
+
+
+def _decoded(pieces, w, nb):
+    """decode and decode_quads of every block of tile 0, run as the skeleton runs them."""
+    qk = pieces.block_size
+    decode, decode_quads = pieces.decode, pieces.decode_quads
+
+    @njit
+    def both(w):
+        wd = np.empty((nb, qk, ROWS), np.int16)
+        wq = np.empty((nb, qk // 4, ROWS), np.int32)
+        for b in range(nb):
+            decode(w, 0, b, wd[b])
+            decode_quads(w, 0, b, wq[b])
+        return wd, wq
+    return both(w)
+
+
+@pytest.mark.parametrize("w_type", QUAD_TYPES)
+def test_decode_quads_holds_the_decoded_values_four_to_a_lane(w_type):
+    traits = type_traits(w_type)
+    k = 2 * traits.block_size
+    q = ggflow.quantize(np.random.default_rng(3).standard_normal((ROWS, k)).astype(np.float32), w_type)
+    pieces = qmm.cpu_pieces(traits)
+    w = pieces.pack(q, ROWS, k)
+    wd, wq = _decoded(pieces, w, k // traits.block_size)
+    assert wd.min() >= 0 and wd.max() <= 31            # unsigned bytes, within the groups' int16 bound
+    for b in range(wd.shape[0]):
+        np.testing.assert_array_equal(wq[b], _as_quads(wd[b]))
+
+
+def test_decode_quads_needs_groups_of_whole_quads():
+    pieces = qmm.cpu_pieces(type_traits("Q4_0"))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        BlockPieces(32, 16, pieces.pack, pieces.block_sums, pieces.decode, pieces.accumulate, pieces.decode_quads)
