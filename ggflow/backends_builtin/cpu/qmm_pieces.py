@@ -11,10 +11,15 @@ Q8_K), and the skeleton calls the type's pieces for each block ``b`` of each til
                                           part[g, r] = int16 sum of products of group g, rows r < TILE
     decode(w, t, b, wd)                   batches: block b of tile t as int16 values, wd (block_size, TILE)
     accumulate(acc, part, w, t, b, dx, xe, i)   acc[r] += the f32 contribution of part (one token's row)
+    decode_quads(w, t, b, wq)             optional, for types whose decoded values are non-negative:
+                                          block b of tile t as byte quads, wq (block_size // 4, TILE)
+                                          int32, lane wq[j, r] = elements 4j .. 4j+3 of row r as bytes
 
 ``w`` is the tuple ``pack`` returned. Groups are consecutive runs of ``block_size // groups`` elements
 whose products fit int16 (|q * x| summed over the group below 2**15); for batches the skeleton forms
-the same group sums from ``decode``'s values. The three functions are numba njit functions, best with
+the same group sums from ``decode``'s values, or, where the type brings ``decode_quads``, from byte dot
+products (``_qmm_quads``: vpmaddubsw, vpdpbusd) into an int32 ``part``: ``accumulate`` reads the same
+integers either way (through ``np.int32(part[g, r])``). The three functions are numba njit functions, best with
 ``inline="always"``: the skeleton inlines them and LLVM vectorises the row loops (``for r in range(TILE)``,
 one activation broadcast into TILE rows). ``field``, ``bit_to`` and ``sext8`` cut bit fields in 16-bit
 lanes; ``wide_vectors`` is called by the skeleton. ``examples/ggflow-example-plugin`` (IQ4_NL) is a
@@ -30,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8, wide_vectors
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8, wide_vectors, word_pair
 from ggflow.backends_builtin.cpu._qmm_layout import TILE, f16_field, tile_rows
 
 
@@ -57,4 +62,4 @@ class BlockPieces:
         return (self.pack, self.block_sums, self.decode, self.accumulate) + extra
 
 
-__all__ = ["BlockPieces", "TILE", "tile_rows", "f16_field", "field", "bit_to", "sext8", "wide_vectors"]
+__all__ = ["BlockPieces", "TILE", "tile_rows", "f16_field", "field", "bit_to", "sext8", "wide_vectors", "word_pair"]
