@@ -1,5 +1,5 @@
 """The byte-quad batched matmul: _qmm_quads.quad_sums against numpy, and each type's decode_quads
-against its decode (the same values, laid out four elements of a row to a 32-bit lane)."""
+against its decode (the same values plus the type's quad_bias, four elements of a row to a 32-bit lane)."""
 import numpy as np
 import pytest
 from numba import njit
@@ -11,16 +11,20 @@ from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 from ggflow.core.types import type_traits
 
 ROWS = 64
-QUAD_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K"]
+QUAD_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
 
 @njit(cache=True)
-def _run(wq, x8, i0, o, nquads, part, groups, ntok):
+def _run(wq, x8, i0, o, nquads, part, groups, ntok, xs, biased):
     for g in range(groups):
-        if ntok == 2:
-            quad_sums(wq, x8, i0, 2, o, g * nquads, nquads, part, g, ROWS)
+        if ntok == 2 and biased:
+            quad_sums(wq, x8, i0, 2, o, g * nquads, nquads, part, g, ROWS, xs, o // (4 * nquads) + g, 32)
+        elif ntok == 2:
+            quad_sums(wq, x8, i0, 2, o, g * nquads, nquads, part, g, ROWS, xs, 0, 0)
+        elif biased:
+            quad_sums(wq, x8, i0, 1, o, g * nquads, nquads, part, g, ROWS, xs, o // (4 * nquads) + g, 32)
         else:
-            quad_sums(wq, x8, i0, 1, o, g * nquads, nquads, part, g, ROWS)
+            quad_sums(wq, x8, i0, 1, o, g * nquads, nquads, part, g, ROWS, xs, 0, 0)
 
 
 def _as_quads(wd: np.ndarray) -> np.ndarray:
@@ -41,9 +45,26 @@ def test_quad_sums_are_the_exact_group_sums(ntok, gsize, top):
     x[i0:i0 + ntok, o:o + qk] = -128                           # ... against the most negative activations
     x[i0, o + 1] = 127
     part = np.full((ntok, qk // gsize, ROWS), 12345, np.int32)
-    _run(_as_quads(wd), x, i0, o, gsize // 4, part, qk // gsize, ntok)
+    _run(_as_quads(wd), x, i0, o, gsize // 4, part, qk // gsize, ntok, np.zeros((1, 1), np.int32), False)
     for u in range(ntok):
         prod = wd * x[i0 + u, o:o + qk].astype(np.int64)[:, None]
+        np.testing.assert_array_equal(part[u], prod.reshape(qk // gsize, gsize, ROWS).sum(axis=1))
+
+
+@pytest.mark.parametrize("ntok", [1, 2])
+def test_a_quad_bias_comes_out_through_the_activation_sums(ntok):
+    """Q6_K's layout: values -32..31 stored as 0..63, groups of 8; activations down to -128 (Q8_K's)."""
+    rng = np.random.default_rng(ntok)
+    qk, gsize, n, o, i0 = 32, 8, 4, 32, 1
+    q = rng.integers(-32, 32, (qk, ROWS))
+    q[:, 0] = -32
+    x = rng.integers(-128, 128, (n, 3 * qk)).astype(np.int8)
+    x[i0:i0 + ntok, o:o + qk:3] = -128
+    xs = x.astype(np.int64).reshape(n, -1, gsize).sum(axis=2).astype(np.int32)    # every group's sum
+    part = np.full((ntok, qk // gsize, ROWS), 12345, np.int32)
+    _run(_as_quads(q + 32), x, i0, o, gsize // 4, part, qk // gsize, ntok, xs, True)
+    for u in range(ntok):
+        prod = q * x[i0 + u, o:o + qk].astype(np.int64)[:, None]
         np.testing.assert_array_equal(part[u], prod.reshape(qk // gsize, gsize, ROWS).sum(axis=1))
 
 
@@ -71,12 +92,16 @@ def test_decode_quads_holds_the_decoded_values_four_to_a_lane(w_type):
     pieces = qmm.cpu_pieces(traits)
     w = pieces.pack(q, ROWS, k)
     wd, wq = _decoded(pieces, w, k // traits.block_size)
-    assert wd.min() >= 0 and wd.max() <= 31            # unsigned bytes, within the groups' int16 bound
+    stored = wd + pieces.quad_bias
+    assert stored.min() >= 0 and stored.max() <= 63     # unsigned bytes, half a group's products within int16
     for b in range(wd.shape[0]):
-        np.testing.assert_array_equal(wq[b], _as_quads(wd[b]))
+        np.testing.assert_array_equal(wq[b], _as_quads(stored[b]))
 
 
 def test_decode_quads_needs_groups_of_whole_quads():
     pieces = qmm.cpu_pieces(type_traits("Q4_0"))
     with pytest.raises(ValueError, match="multiple of 4"):
         BlockPieces(32, 16, pieces.pack, pieces.block_sums, pieces.decode, pieces.accumulate, pieces.decode_quads)
+    with pytest.raises(ValueError, match="quad_bias"):
+        BlockPieces(32, 2, pieces.pack, pieces.block_sums, pieces.decode, pieces.accumulate, pieces.decode_quads,
+                    quad_bias=128)

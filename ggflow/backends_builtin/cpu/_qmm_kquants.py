@@ -418,6 +418,26 @@ def _q5_k_quads(w, t, b, wq):
 
 
 @njit(cache=True, inline="always")
+def _quads_q6_k_hs(ql, qh, t, b, h, s, wq):
+    """Elements 128h + 32s + 4p .. +3 (low nibbles) and the same + 64 (high ones) as q + 32 (0..63)."""
+    for p in range(8):
+        j = 32 * h + 8 * s + p
+        for r in range(R):
+            v = word_pair(ql, t, b, 32 * h + 16 * s + 2 * p, r)
+            hq = word_pair(qh, t, b, 16 * h + 2 * p, r)             # two bits per element: 2s (+4 high)
+            wq[j, r] = I32((v & U32(0x0F0F0F0F)) | (((hq >> U32(2 * s)) & U32(0x03030303)) << U32(4)))
+            wq[j + 16, r] = I32(((v >> U32(4)) & U32(0x0F0F0F0F)) | (((hq >> U32(2 * s + 4)) & U32(0x03030303)) << U32(4)))
+
+
+@njit(cache=True, inline="always")
+def _q6_k_quads(w, t, b, wq):
+    _quads_q6_k_hs(w[0], w[1], t, b, 0, 0, wq)
+    _quads_q6_k_hs(w[0], w[1], t, b, 0, 1, wq)
+    _quads_q6_k_hs(w[0], w[1], t, b, 1, 0, wq)
+    _quads_q6_k_hs(w[0], w[1], t, b, 1, 1, wq)
+
+
+@njit(cache=True, inline="always")
 def _q2_k_quads(w, t, b, wq):
     _quads_q2_k(w[0], t, b, wq)
 
@@ -488,5 +508,5 @@ PIECES = {
     "Q3_K": BlockPieces(QK, 16, pack_q3_k, _q4_k_sums, _q4_k_dec, _q3_k_acc, _q4_k_quads),
     "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc, _q4_k_quads),
     "Q5_K": BlockPieces(QK, 32, pack_q5_k, _q5_k_sums, _q5_k_dec, _q5_k_acc, _q5_k_quads),
-    "Q6_K": BlockPieces(QK, 32, pack_q6_k, _sum_q6_block, _decode_q6_k, _acc_q6_k),
+    "Q6_K": BlockPieces(QK, 32, pack_q6_k, _sum_q6_block, _decode_q6_k, _acc_q6_k, _q6_k_quads, quad_bias=32),
 }

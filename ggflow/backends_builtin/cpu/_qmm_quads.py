@@ -8,8 +8,9 @@ does 64 products per instruction where the int16 path (``_qmm_token_sums``) does
 product fits the instruction's 16-bit intermediate (255 * 128 < 2**15) and the lanes add in 32 bits
 without saturation, so the sums are exact: the same integers the int16 paths form, wider.
 
-Only types whose decoded values are non-negative take this path (the pieces say so by bringing
-``decode_quads``): the instructions multiply unsigned weight bytes by signed activation bytes.
+The instructions multiply unsigned weight bytes by signed activation bytes: a type with signed values
+stores them with a bias (``BlockPieces.quad_bias``: Q6_K's -32..31 as 0..63), which comes out through
+the activations' group sums, sum((q + bias) * x) - bias * sum(x), exact in int32.
 
 On x86 with AVX512-VNNI the code calls the instruction's LLVM intrinsic (chosen from the features numba
 compiles for, as ``_qmm_pairs`` does); elsewhere plain IR (widen, multiply, add the four products of
@@ -61,27 +62,38 @@ def _products(builder, features, w, x):
 
 
 @intrinsic
-def quad_sums(typingctx, wq, x8, i0, ntok, o, j0, nquads, part, g, rows):
-    """part[u, g, r] = sum over quads j0 .. j0+nquads-1 and h < 4 of byte h of wq[j, r] *
+def quad_sums(typingctx, wq, x8, i0, ntok, o, j0, nquads, part, g, rows, xs, xg, bias):
+    """part[u, g, r] = sum over quads j0 .. j0+nquads-1 and h < 4 of (byte h of wq[j, r] - bias) *
     x8[i0+u, o+4j+h], for tokens u < ntok and rows r < rows.
 
     wq (quads, rows) int32, each lane four unsigned bytes; x8 (n, k) int8; part (ntok, groups, rows)
-    int32; all C-contiguous. ``ntok`` and ``rows`` (a multiple of 16) are literals: they set how many
-    accumulators are live.
+    int32; all C-contiguous. ``ntok``, ``rows`` (a multiple of 16) and ``bias`` are literals: the first two
+    set how many accumulators are live. A bias comes out as bias * xs[i0+u, xg], xs holding the sums of
+    the group's activations (unread when bias is 0).
     """
     arrays_ok = all(isinstance(a, types.Array) and a.layout == "C" and a.ndim == nd and a.dtype == dt
-                    for a, nd, dt in ((wq, 2, types.int32), (x8, 2, types.int8), (part, 3, types.int32)))
-    literals_ok = (all(isinstance(a, types.IntegerLiteral) for a in (ntok, rows))
+                    for a, nd, dt in ((wq, 2, types.int32), (x8, 2, types.int8), (part, 3, types.int32),
+                                      (xs, 2, types.int32)))
+    literals_ok = (all(isinstance(a, types.IntegerLiteral) for a in (ntok, rows, bias))
                    and rows.literal_value % LANES == 0)
-    if not (arrays_ok and literals_ok and all(isinstance(a, types.Integer) for a in (i0, o, j0, nquads, g))):
+    if not (arrays_ok and literals_ok and all(isinstance(a, types.Integer) for a in (i0, o, j0, nquads, g, xg))):
         return None
-    ntok_value, nvec = ntok.literal_value, rows.literal_value // LANES
+    ntok_value, nvec, bias_value = ntok.literal_value, rows.literal_value // LANES, bias.literal_value
 
     def codegen(context, builder, sig, args):
         wq_v, x8_v, part_v = args[0], args[1], args[7]
         wqty, x8ty, partty = sig.args[0], sig.args[1], sig.args[7]
         intp = cgutils.intp_t
-        i0_v, o_v, j0_v, nq_v, g_v = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (2, 4, 5, 6, 8))
+        i0_v, o_v, j0_v, nq_v, g_v, xg_v = (context.cast(builder, args[k], sig.args[k], types.intp)
+                                            for k in (2, 4, 5, 6, 8, 11))
+        corrections = []     # per token: bias * the group's activation sum, splat
+        for u in range(ntok_value if bias_value else 0):
+            xsp = _row_pointer(context, builder, sig.args[10], args[10], builder.add(i0_v, ir.Constant(intp, u)))
+            xsum = builder.load(builder.gep(builder.bitcast(xsp, _I32.as_pointer()), [xg_v]))
+            scaled = builder.mul(xsum, ir.Constant(_I32, bias_value))
+            corrections.append(builder.shuffle_vector(
+                builder.insert_element(ir.Constant(_SUMS, ir.Undefined), scaled, ir.Constant(_I32, 0)),
+                ir.Constant(_SUMS, ir.Undefined), _SPLAT))
         features = _target_features(context)
         vnni, avx2 = _VNNI in features, "+avx2" in features
         zero = _ZERO if vnni or not avx2 else ir.Constant(_PAIRS16, [0] * (2 * LANES))
@@ -120,7 +132,9 @@ def quad_sums(typingctx, wq, x8, i0, ntok, o, j0, nquads, part, g, rows):
                         halves.append(builder.call(madd, [builder.shuffle_vector(total, total, sel),
                                                           ir.Constant(_HALF16, [1] * 16)]))
                     total = builder.shuffle_vector(halves[0], halves[1], ir.Constant(_SUMS, list(range(16))))
+                if bias_value:
+                    total = builder.sub(total, corrections[u])
                 builder.store(total, builder.gep(prow, [ir.Constant(intp, q)]), align=4)
         return context.get_dummy_value()
 
-    return types.none(wq, x8, i0, ntok, o, j0, nquads, part, g, rows), codegen
+    return types.none(wq, x8, i0, ntok, o, j0, nquads, part, g, rows, xs, xg, bias), codegen

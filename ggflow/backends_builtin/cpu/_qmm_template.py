@@ -281,25 +281,26 @@ def _mul_mat_pairs_serial(kind, w, xq, dx, xe, out):
         _tile_pairs(kind, t, w, xq, dx, xe, out)
 
 
-def _tile_quads(kind, t, w, x8, dx, xe, out):
+def _tile_quads(kind, t, w, x8, xs, dx, xe, out):
     """Row tile t of out = W x for QUADS_MIN_TOKENS tokens or more (compiled per type, see _ov_tile_quads)."""
     raise NotImplementedError("only called from compiled kernels")
 
 
 @overload(_tile_quads, jit_options={"nogil": True})
-def _ov_tile_quads(kind, t, w, x8, dx, xe, out):
+def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
     """The batched path in byte quads: a block decoded once by the type's ``decode_quads`` (four elements
-    of a row per int32 lane, unsigned bytes), the group sums of TOKENS_PER_PASS tokens per pass formed in
-    int32 (``_qmm_quads.quad_sums``: vpdpbusd), accumulated per token in order as in ``_tile``: the same
-    integers, so the same bits."""
+    of a row per int32 lane, unsigned bytes), the group sums of QUAD_TOKENS tokens per pass formed in int32
+    (``_qmm_quads.quad_sums``: vpmaddubsw, vpdpbusd), accumulated per token in order as in ``_tile``: the
+    same integers, so the same bits. A type whose quads carry a bias gets it taken out through xs, its
+    activations' group sums (``_activation_group_sums``)."""
     p = _pieces_of(kind)
     if p is None or p.decode_quads is None:
         return None
-    decode_quads, accumulate = p.decode_quads, p.accumulate
+    decode_quads, accumulate, bias = p.decode_quads, p.accumulate, p.quad_bias
     qk, groups = p.block_size, p.groups
     quads_per_group = qk // groups // 4
 
-    def impl(kind, t, w, x8, dx, xe, out):
+    def impl(kind, t, w, x8, xs, dx, xe, out):
         wide_vectors()
         nb = w[0].shape[1]
         n = out.shape[0]
@@ -310,15 +311,46 @@ def _ov_tile_quads(kind, t, w, x8, dx, xe, out):
             decode_quads(w, t, b, wq)
             for i in range(0, n - n % QUAD_TOKENS, QUAD_TOKENS):
                 for g in range(groups):
-                    quad_sums(wq, x8, i, QUAD_TOKENS, b * qk, g * quads_per_group, quads_per_group, sums, g, R)
+                    quad_sums(wq, x8, i, QUAD_TOKENS, b * qk, g * quads_per_group, quads_per_group, sums, g, R,
+                              xs, b * groups + g, bias)
                 for u in range(QUAD_TOKENS):
                     accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
             for i in range(n - n % QUAD_TOKENS, n):
                 for g in range(groups):
-                    quad_sums(wq, x8, i, 1, b * qk, g * quads_per_group, quads_per_group, sums, g, R)
+                    quad_sums(wq, x8, i, 1, b * qk, g * quads_per_group, quads_per_group, sums, g, R,
+                              xs, b * groups + g, bias)
                 accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
         for i in range(n):
             _store_tile(acc[i], out, i, t)
+    return impl
+
+
+def _activation_group_sums(kind, x8):
+    """(n, groups of the row) int32 sums of each group's activations where the type's quads carry a bias
+    (compiled per type); a (1, 1) placeholder where they don't."""
+    raise NotImplementedError("only called from compiled kernels")
+
+
+@overload(_activation_group_sums, jit_options={"nogil": True})
+def _ov_activation_group_sums(kind, x8):
+    p = _pieces_of(kind)
+    if p is None:
+        return None
+    gsize = p.block_size // p.groups
+
+    if not p.quad_bias:
+        return lambda kind, x8: np.zeros((1, 1), I32)
+
+    def impl(kind, x8):
+        n, k = x8.shape
+        xs = np.empty((n, k // gsize), I32)
+        for i in range(n):
+            for c in range(k // gsize):
+                s = I32(0)
+                for e in range(gsize):
+                    s += I32(x8[i, c * gsize + e])
+                xs[i, c] = s
+        return xs
     return impl
 
 
@@ -326,16 +358,18 @@ def _ov_tile_quads(kind, t, w, x8, dx, xe, out):
 def _mul_mat_quads_parallel(kind, w, xq, dx, xe, out):
     literally(kind)
     x8 = xq.astype(np.int8)     # quantized activations fit a byte: the quads read four at a time
+    xs = _activation_group_sums(kind, x8)
     for t in prange(w[0].shape[0]):
-        _tile_quads(kind, t, w, x8, dx, xe, out)
+        _tile_quads(kind, t, w, x8, xs, dx, xe, out)
 
 
 @njit(cache=True, nogil=True)
 def _mul_mat_quads_serial(kind, w, xq, dx, xe, out):
     literally(kind)
     x8 = xq.astype(np.int8)
+    xs = _activation_group_sums(kind, x8)
     for t in range(w[0].shape[0]):
-        _tile_quads(kind, t, w, x8, dx, xe, out)
+        _tile_quads(kind, t, w, x8, xs, dx, xe, out)
 
 
 Kernel = Callable[..., None]

@@ -11,9 +11,10 @@ Q8_K), and the skeleton calls the type's pieces for each block ``b`` of each til
                                           part[g, r] = int16 sum of products of group g, rows r < TILE
     decode(w, t, b, wd)                   batches: block b of tile t as int16 values, wd (block_size, TILE)
     accumulate(acc, part, w, t, b, dx, xe, i)   acc[r] += the f32 contribution of part (one token's row)
-    decode_quads(w, t, b, wq)             optional, for types whose decoded values are non-negative:
-                                          block b of tile t as byte quads, wq (block_size // 4, TILE)
-                                          int32, lane wq[j, r] = elements 4j .. 4j+3 of row r as bytes
+    decode_quads(w, t, b, wq)             optional: block b of tile t as byte quads, wq (block_size // 4,
+                                          TILE) int32, lane wq[j, r] = elements 4j .. 4j+3 of row r as
+                                          unsigned bytes, each value + quad_bias (signed types: Q6_K's 32);
+                                          half a group's products (value + bias) * 128 must fit int16
 
 ``w`` is the tuple ``pack`` returned. Groups are consecutive runs of ``block_size // groups`` elements
 whose products fit int16 (|q * x| summed over the group below 2**15); for batches the skeleton forms
@@ -49,6 +50,7 @@ class BlockPieces:
     decode: Callable
     accumulate: Callable
     decode_quads: Callable | None = None   # optional: batches in byte quads (vpdpbusd), see below
+    quad_bias: int = 0       # what decode_quads adds to each value to make it an unsigned byte (Q6_K: 32)
 
     def __post_init__(self):
         if self.groups < 2 or self.groups % 2 or self.block_size % self.groups:
@@ -56,6 +58,8 @@ class BlockPieces:
         if self.decode_quads is not None and (self.block_size // self.groups) % 4:
             raise ValueError(f"BlockPieces: decode_quads needs groups of a multiple of 4 elements, got "
                              f"{self.block_size // self.groups}")
+        if not 0 <= self.quad_bias < 128:
+            raise ValueError(f"BlockPieces: quad_bias={self.quad_bias} must be in [0, 128)")
 
     def functions(self) -> tuple[Callable, ...]:
         extra = (self.decode_quads,) if self.decode_quads is not None else ()
