@@ -27,6 +27,8 @@ SETTINGS: dict[str, dict[str, str]] = {
     "omp": {"NUMBA_THREADING_LAYER": "omp"},
     "omp passive": {"NUMBA_THREADING_LAYER": "omp", "OMP_WAIT_POLICY": "passive"},
     "omp active": {"NUMBA_THREADING_LAYER": "omp", "OMP_WAIT_POLICY": "active"},
+    "omp spin 30k": {"NUMBA_THREADING_LAYER": "omp", "GOMP_SPINCOUNT": "30000"},
+    "omp spin 100k": {"NUMBA_THREADING_LAYER": "omp", "GOMP_SPINCOUNT": "100000"},
     "workqueue": {"NUMBA_THREADING_LAYER": "workqueue"},
     "tbb": {"NUMBA_THREADING_LAYER": "tbb", "LD_LIBRARY_PATH": ENV_LIB},
 }

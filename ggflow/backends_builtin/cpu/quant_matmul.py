@@ -50,10 +50,13 @@ from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 from ggflow.core.types import TypeTraits, type_traits
 from ggflow.errors import BackendError, ShapeError, UnknownNameError
 
-# Below this many multiply-adds (n * rows * k) a product runs on the calling thread: starting a
-# parallel region costs 10-20 us on an idle machine and a scheduler slice (ms) on a busy one, more
-# than a small weight takes (1 Mi multiply-adds: about 0.1 ms on one core).
-PARALLEL_MIN_MACS = 1 << 20
+# Below this many multiply-adds (n * rows * k) a product runs on the calling thread; above, parallel or
+# serial, whichever its size's recent calls found faster (thread_choice). Starting a parallel region
+# costs 10-20 us on an idle machine with passive threads, 150-300 us on a VM whose sleeping vCPU must be
+# woken, a scheduler slice (ms) on a busy one. SmolLM2's decode products from 576 x 576 (35-95 us on one
+# core) pay with spinning threads (GOMP_SPINCOUNT; docs/performance.md, "Threads"); its 192 x 576 ones
+# (15 us) never do.
+PARALLEL_MIN_MACS = 1 << 17
 
 PACK_CHUNK_ROWS = 64 * TILE    # rows packed per pack() call (a multiple of TILE)
 ACTIVATION_TYPES = ("Q8_0", "Q8_1", "Q8_K")   # the vec_dot_types quantize_activations makes
