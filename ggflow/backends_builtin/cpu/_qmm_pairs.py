@@ -16,6 +16,8 @@ back to 16-bit multiplies; the intrinsics are opaque to it. Other targets get th
 """
 from __future__ import annotations
 
+import functools
+
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -38,10 +40,11 @@ def _target_features(context) -> set[str]:
     return set(getattr(context.codegen(), "_tm_features", "").split(","))
 
 
+@functools.cache
 def pairs_are_fast() -> bool:
     """Whether numba's target has AVX-512 (BW), where pair_sums is one vpdpwssd or vpmaddwd per 32
-    products. Elsewhere (AVX2) its plain IR loses to the int16 tile path (Q8_0 1536 x 576, n = 64, Zen 3:
-    ... )."""
+    products. Elsewhere (AVX2) its plain IR becomes shuffles and loses to the int16 tile path 3-4x (1536 x
+    576, 64 tokens, one thread, Zen 3: Q8_0 9.7 ms vs 2.7 ms, Q6_K 13.3 vs 4.5)."""
     from numba.core.registry import cpu_target
     return "+avx512bw" in _target_features(cpu_target.target_context)
 

@@ -6,7 +6,11 @@ consecutive elements of one row as unsigned bytes in one 32-bit lane (``wq[j, r]
 broadcast as one int32, then meet 16 rows in one multiply-accumulate: AVX512-VNNI's ``vpdpbusd``
 does 64 products per instruction where the int16 path (``_qmm_token_sums``) does 32 per two. Every
 product fits the instruction's 16-bit intermediate (255 * 128 < 2**15) and the lanes add in 32 bits
-without saturation, so the sums are exact: the same integers the int16 paths form, wider.
+without saturation, so the sums are exact: the same integers the int16 paths form, wider. On AVX2
+(no VNNI) ``vpmaddubsw`` adds a row's products two by two into int16 lanes, a group's quads are summed
+there, and ``vpmaddwd`` widens the result to int32: exact while half a group's products, summed in
+absolute value, fit int16 (the pieces' bound; ``BlockPieces.decode_quads``). 64 products in two
+instructions instead of the int16 path's four.
 
 The instructions multiply unsigned weight bytes by signed activation bytes: a type with signed values
 stores them with a bias (``BlockPieces.quad_bias``: Q6_K's -32..31 as 0..63), which comes out through
@@ -39,10 +43,9 @@ _HALF8 = ir.VectorType(_I8, 32)
 _HALF16 = ir.VectorType(_I16, 16)
 
 
-
 def _products(builder, features, w, x):
-    """What one quad step adds per lane: VNNI none (see quad_sums); AVX2 vpmaddubsw, two products per
-    int16 lane (exact: the pieces' groups fit int16 summed in absolute value); else int32 lanes."""
+    """What one quad step adds to an accumulator where there is no VNNI: on AVX2 vpmaddubsw, a row's
+    products in two int16 lanes (two each); elsewhere the four products of each int32 lane."""
     if "+avx2" in features:
         fn = builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(_HALF16, [_HALF8] * 2))
         halves = []

@@ -15,7 +15,13 @@ block laid out as element pairs (``_interleave_pairs``), the group sums of TOKEN
 pass formed with int16-pair multiply-accumulates into int32 lanes (``_qmm_pairs.pair_sums``:
 ``vpdpwssd`` with AVX512-VNNI), two products per lane instead of a 16-bit multiply and add per product.
 The sums are stored as int16 and ``accumulate`` runs per token exactly as in ``_tile``, so every path
-gives bit-identical results.
+gives bit-identical results. Only where the target has AVX-512: on AVX2 it loses to ``_tile``.
+
+Types that bring ``decode_quads`` run batches of QUADS_MIN_TOKENS tokens or more in a third tile function,
+``_tile_quads``: each block decoded straight into byte quads (four elements of a row per int32 lane), the
+group sums of QUAD_TOKENS tokens per pass formed as int32 with byte dot products (``_qmm_quads.quad_sums``:
+``vpmaddubsw`` on AVX2, ``vpdpbusd`` with AVX512-VNNI), a type's quad_bias taken out through the
+activations' group sums; ``accumulate`` reads the same integers, so the same bits again.
 
 How the pieces reach the skeleton. The drivers take a ``kind`` argument that numba types as a
 string literal (``numba.literally``); the tile function ``_tile`` is a stub ``@overload``ed per kind:
@@ -67,7 +73,7 @@ PAIRS_MIN_TOKENS = 8
 TOKEN_SUMS_MIN_GROUP = 8
 # Batches of this many tokens or more take the quads kernel where the type has decode_quads (vpdpbusd /
 # vpmaddubsw on byte quads; see _qmm_quads), QUAD_TOKENS tokens per pass over a decoded block: two kept AVX2's
-# 16 vector registers free of spills (Q4_1 1536 x 576 on a Zen 3, n = 4: four per pass 1.6x slower than two).
+# 16 vector registers free of spills (Q4_1 1536 x 576 on a Zen 3, n = 4: four per pass 1.3-1.6x slower than two).
 QUADS_MIN_TOKENS = 3
 QUAD_TOKENS = 2
 if PAIRS_MIN_TOKENS < TOKENS_PER_PASS:
@@ -375,13 +381,10 @@ def _mul_mat_quads_serial(kind, w, xq, dx, xe, out):
 Kernel = Callable[..., None]
 
 
-PATHS = ("tile", "pairs", "quads")
-
-
 def batch_path(has_quads: bool, n_tokens: int) -> str:
     """Which kernel a product of n_tokens runs (all give the same bits): "quads" from QUADS_MIN_TOKENS
-    where the type has decode_quads, "pairs" from PAIRS_MIN_TOKENS on CPUs with AVX-512 (on AVX2 its
-    int16 pairs lose to the tile path: Q8_0 ...), else "tile"."""
+    where the type has decode_quads, "pairs" from PAIRS_MIN_TOKENS where the target has AVX-512
+    (``_qmm_pairs.pairs_are_fast``), else "tile" (the matvec up to MATVEC_MAX_TOKENS, then decoded blocks)."""
     if has_quads and n_tokens >= QUADS_MIN_TOKENS:
         return "quads"
     if n_tokens >= PAIRS_MIN_TOKENS and pairs_are_fast():
@@ -391,7 +394,7 @@ def batch_path(has_quads: bool, n_tokens: int) -> str:
 
 def entry_point(kind: str, parallel: bool, arg_types: tuple, path: str = "tile") -> Kernel:
     """A compiled kernel, called as f(kind, w, xq, dx, xe, out); arg_types: the numba types of
-    (w, xq, dx, xe, out). parallel: the prange driver; path: one of PATHS (see batch_path).
+    (w, xq, dx, xe, out). parallel: the prange driver; path: "tile", "pairs" or "quads" (see batch_path).
 
     Compiled (or loaded from numba's cache) on first use: a model whose products are all small never
     pays for its parallel drivers, which cost the most to compile, and decoding never for the batch ones."""

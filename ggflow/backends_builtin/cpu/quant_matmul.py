@@ -22,9 +22,10 @@ F32/F16/BF16 weights are used in place (a reference to ``w``, no copy). docs/per
 per-type figures and speeds.
 
 n == 1 (decode) and small n take the matvec path (one decode-and-multiply pass per token); larger n
-the batched one, which decodes each block of a row tile once and reuses it for all tokens (the
-switch is in the skeleton, ``_qmm_template.MATVEC_MAX_TOKENS``); from ``_qmm_template.PAIRS_MIN_TOKENS``
-tokens a kernel of its own multiplies int16 pairs into int32 lanes (``PackedWeight.kernel`` picks it).
+a batched one, which decodes each block of a row tile once and reuses it for all tokens: byte dot
+products where the type has ``decode_quads``, int16 pairs into int32 lanes from
+``_qmm_template.PAIRS_MIN_TOKENS`` tokens on AVX-512, else int16 sums (``_qmm_template.batch_path``
+decides, ``PackedWeight.kernel`` asks it).
 Threads: numba's prange over row tiles, as many as ``numba.set_num_threads`` allows; products below
 ``PARALLEL_MIN_MACS``, and every product on one thread, run on the calling thread; ``bind_mul_mat``'s
 bigger ones run parallel or serial, whichever is faster now (``thread_choice``).
@@ -84,8 +85,7 @@ class _QuantType:
 
 class _Drivers:
     """A type's kernels for one argument layout, each compiled (or loaded from numba's cache) on first
-    use: parallel or serial, and for quantized types the batch path (``tmpl.PATHS``: "tile", "pairs",
-    "quads")."""
+    use: parallel or serial, and for quantized types the path ("tile", "pairs", "quads": tmpl.batch_path)."""
     __slots__ = ("_compile", "_kernels")
 
     def __init__(self, compile: Callable[[bool, str], Kernel]):
