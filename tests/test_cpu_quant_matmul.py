@@ -202,9 +202,10 @@ def batch_paths(w_type: str) -> list[str]:
     return ["tile", "pairs"] + (["quads"] if qmm.cpu_pieces(type_traits(w_type)).decode_quads else [])
 
 
-# 3: one token per pass (tile), a pass of two and one more (quads); 4: one whole pass; 5 and 7: a last pass
-# over the last four tokens (tile, pairs) or one token after whole passes (quads); 9: more passes
-@pytest.mark.parametrize("n", [3, 4, 5, 7, 9])
+# 2: the matvec (tile), one pass of two (quads); 3: one token per pass (tile), a pass of two and one more
+# (quads); 4: one whole pass; 5 and 7: a last pass over the last four tokens (tile, pairs) or one token after
+# whole passes (quads); 9: more passes
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 9])
 @pytest.mark.parametrize("w_type", LEGACY + KQUANTS)
 def test_every_batched_path_gives_the_matvec_results_bit_for_bit(w_type, n):
     k = 256
@@ -219,11 +220,13 @@ def test_every_batched_path_gives_the_matvec_results_bit_for_bit(w_type, n):
         np.testing.assert_array_equal(batched, one_by_one, err_msg=f"the {path} kernel")
 
 
-def test_types_with_unsigned_quants_take_the_quads_kernel_for_batches():
-    q, _ = weight("Q4_K", 70, 256)
-    pw = qmm.pack_weight(q, "Q4_K")
-    assert pw.kernel(False, 3) is pw.drivers.get(False, "quads")
-    assert pw.kernel(False, 2) is pw.drivers.get(False, "tile")     # two tokens: the one-pass matvec
+@pytest.mark.parametrize("w_type, quads_from", [("Q4_K", 2), ("Q5_0", 8)])
+def test_products_take_the_quads_kernel_from_the_types_own_token_count(w_type, quads_from):
+    q, _ = weight(w_type, 70, 256)
+    pw = qmm.pack_weight(q, w_type)
+    assert qmm.cpu_pieces(type_traits(w_type)).quads_from == quads_from
+    assert pw.kernel(False, quads_from) is pw.drivers.get(False, "quads")
+    assert pw.kernel(False, quads_from - 1) is pw.drivers.get(False, "tile")
 
 
 def kernel_args(pw, x):

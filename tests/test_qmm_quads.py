@@ -102,6 +102,9 @@ def test_decode_quads_needs_groups_of_whole_quads():
     pieces = qmm.cpu_pieces(type_traits("Q4_0"))
     with pytest.raises(ValueError, match="multiple of 4"):
         BlockPieces(32, 16, pieces.pack, pieces.block_sums, pieces.decode, pieces.accumulate, pieces.decode_quads)
+    with pytest.raises(ValueError, match="quads_from"):
+        BlockPieces(32, 2, pieces.pack, pieces.block_sums, pieces.decode, pieces.accumulate, pieces.decode_quads,
+                    quads_from=0)
     with pytest.raises(ValueError, match="quad_bias"):
         BlockPieces(32, 2, pieces.pack, pieces.block_sums, pieces.decode, pieces.accumulate, pieces.decode_quads,
                     quad_bias=128)

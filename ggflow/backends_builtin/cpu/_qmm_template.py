@@ -17,7 +17,7 @@ pass formed with int16-pair multiply-accumulates into int32 lanes (``_qmm_pairs.
 The sums are stored as int16 and ``accumulate`` runs per token exactly as in ``_tile``, so every path
 gives bit-identical results. Only where the target has AVX-512: on AVX2 it loses to ``_tile``.
 
-Types that bring ``decode_quads`` run batches of QUADS_MIN_TOKENS tokens or more in a third tile function,
+Types that bring ``decode_quads`` run products of ``quads_from`` tokens or more in a third tile function,
 ``_tile_quads``: each block decoded straight into byte quads (four elements of a row per int32 lane), the
 group sums of QUAD_TOKENS tokens per pass formed as int32 with byte dot products (``_qmm_quads.quad_sums``:
 ``vpmaddubsw`` on AVX2, ``vpdpbusd`` with AVX512-VNNI), a type's quad_bias taken out through the
@@ -71,10 +71,9 @@ PAIRS_MIN_TOKENS = 8
 # storing the accumulators per group costs more than it saves (Q8_0 49152 x 576, 4 tokens: 4.5-5.3 ms the
 # scalar way, 5.9-6.8 ms in registers; Q4_1's 16-element groups: 1.2-1.5x faster in registers).
 TOKEN_SUMS_MIN_GROUP = 8
-# Batches of this many tokens or more take the quads kernel where the type has decode_quads (vpdpbusd /
-# vpmaddubsw on byte quads; see _qmm_quads), QUAD_TOKENS tokens per pass over a decoded block: two kept AVX2's
-# 16 vector registers free of spills (Q4_1 1536 x 576 on a Zen 3, n = 4: four per pass 1.3-1.6x slower than two).
-QUADS_MIN_TOKENS = 3
+# The quads kernel (byte quads, vpmaddubsw / vpdpbusd; see _qmm_quads) takes QUAD_TOKENS tokens per pass over
+# a decoded block: two kept AVX2's 16 vector registers free of spills (Q4_1 1536 x 576 on a Zen 3, n = 4: four
+# per pass 1.3-1.6x slower than two). From how many tokens a type takes it is the type's (BlockPieces.quads_from).
 QUAD_TOKENS = 2
 if PAIRS_MIN_TOKENS < TOKENS_PER_PASS:
     raise ImportError("PAIRS_MIN_TOKENS must be at least TOKENS_PER_PASS (the last pass re-reads the last tokens)")
@@ -288,7 +287,7 @@ def _mul_mat_pairs_serial(kind, w, xq, dx, xe, out):
 
 
 def _tile_quads(kind, t, w, x8, xs, dx, xe, out):
-    """Row tile t of out = W x for QUADS_MIN_TOKENS tokens or more (compiled per type, see _ov_tile_quads)."""
+    """Row tile t of out = W x for a type with decode_quads (compiled per type, see _ov_tile_quads)."""
     raise NotImplementedError("only called from compiled kernels")
 
 
@@ -381,11 +380,11 @@ def _mul_mat_quads_serial(kind, w, xq, dx, xe, out):
 Kernel = Callable[..., None]
 
 
-def batch_path(has_quads: bool, n_tokens: int) -> str:
-    """Which kernel a product of n_tokens runs (all give the same bits): "quads" from QUADS_MIN_TOKENS
-    where the type has decode_quads, "pairs" from PAIRS_MIN_TOKENS where the target has AVX-512
+def batch_path(pieces, n_tokens: int) -> str:
+    """Which kernel a product of n_tokens runs (all give the same bits): "quads" from the type's quads_from
+    where it has decode_quads, "pairs" from PAIRS_MIN_TOKENS where the target has AVX-512
     (``_qmm_pairs.pairs_are_fast``), else "tile" (the matvec up to MATVEC_MAX_TOKENS, then decoded blocks)."""
-    if has_quads and n_tokens >= QUADS_MIN_TOKENS:
+    if pieces.decode_quads is not None and n_tokens >= pieces.quads_from:
         return "quads"
     if n_tokens >= PAIRS_MIN_TOKENS and pairs_are_fast():
         return "pairs"

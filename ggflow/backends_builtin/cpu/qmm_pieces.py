@@ -51,6 +51,7 @@ class BlockPieces:
     accumulate: Callable
     decode_quads: Callable | None = None   # optional: batches in byte quads (vpdpbusd), see below
     quad_bias: int = 0       # what decode_quads adds to each value to make it an unsigned byte (Q6_K: 32)
+    quads_from: int = 3      # products of this many tokens or more take the quads kernel (measured per type)
 
     def __post_init__(self):
         if self.groups < 2 or self.groups % 2 or self.block_size % self.groups:
@@ -58,6 +59,8 @@ class BlockPieces:
         if self.decode_quads is not None and (self.block_size // self.groups) % 4:
             raise ValueError(f"BlockPieces: decode_quads needs groups of a multiple of 4 elements, got "
                              f"{self.block_size // self.groups}")
+        if self.quads_from < 1:
+            raise ValueError(f"BlockPieces: quads_from={self.quads_from} must be at least 1 token")
         if not 0 <= self.quad_bias < 128:
             raise ValueError(f"BlockPieces: quad_bias={self.quad_bias} must be in [0, 128)")
 

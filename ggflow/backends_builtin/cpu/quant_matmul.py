@@ -100,7 +100,6 @@ class _Drivers:
 
 
 _QUANT_TYPES: dict[str, _QuantType] = {}
-_BATCH_PATHS: dict[str, bool] = {}     # kind -> whether its pieces have decode_quads
 _DRIVERS: dict[tuple, _Drivers] = {}   # (kind, argument types) -> its drivers
 
 
@@ -127,7 +126,6 @@ def _quant_type(traits: TypeTraits) -> _QuantType | None:
         raise BackendError(f"{traits.name}: vec_dot_type {traits.vec_dot_type!r} has no CPU activation "
                            f"quantizer; the matmul skeleton takes {', '.join(ACTIVATION_TYPES)}")
     qt = _QUANT_TYPES[traits.name] = _QuantType(traits, pieces, tmpl.register_pieces(traits.name, pieces))
-    _BATCH_PATHS[qt.kind] = pieces.decode_quads is not None
     return qt
 
 
@@ -169,11 +167,11 @@ class PackedWeight:
 
     def kernel(self, parallel: bool, n_tokens: int) -> Kernel:
         """The kernel for a product of n_tokens rows (the same results whichever runs): quantized batches
-        take the quads kernel from QUADS_MIN_TOKENS where the type has decode_quads, else the pairs kernel
+        take the quads kernel from the type's quads_from where it has decode_quads, else the pairs kernel
         from PAIRS_MIN_TOKENS where the CPU has AVX-512 (int16 pairs into int32 lanes), else the tile one."""
         if self.vec_dot_type is None:
             return self.drivers.get(parallel)
-        return self.drivers.get(parallel, tmpl.batch_path(_BATCH_PATHS[self.kind], n_tokens))
+        return self.drivers.get(parallel, tmpl.batch_path(_QUANT_TYPES[self.w_type].pieces, n_tokens))
 
     @property
     def nbytes(self) -> int:
