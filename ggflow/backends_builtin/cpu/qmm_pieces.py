@@ -20,7 +20,7 @@ Q8_K), and the skeleton calls the type's pieces for each block ``b`` of each til
 whose products fit int16 (|q * x| summed over the group below 2**15); for batches the skeleton forms
 the same group sums from ``decode``'s values, or, where the type brings ``decode_quads``, from byte dot
 products (``_qmm_quads``: vpmaddubsw, vpdpbusd) into an int32 ``part``: ``accumulate`` reads the same
-integers either way (through ``np.int32(part[g, r])``). The three functions are numba njit functions, best with
+integers either way (through ``np.int32(part[g, r])``). The functions are numba njit functions, best with
 ``inline="always"``: the skeleton inlines them and LLVM vectorises the row loops (``for r in range(TILE)``,
 one activation broadcast into TILE rows). ``field``, ``bit_to`` and ``sext8`` cut bit fields in 16-bit
 lanes; ``wide_vectors`` is called by the skeleton. ``examples/ggflow-example-plugin`` (IQ4_NL) is a
