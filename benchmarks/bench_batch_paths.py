@@ -52,7 +52,7 @@ def main() -> None:
                     times.append(time.perf_counter() - t0)
                 same = "=" if np.array_equal(out, matvec) else "DIFF"
                 line += f"  {path} {1e6 * statistics.median(times):8.1f} us ({same})"
-            print(f"{line}  <- mul_mat takes {tmpl.batch_path(qmm.cpu_pieces(traits), n)}", flush=True)
+            print(f"{line}  <- mul_mat takes {tmpl.batch_path(pw.kind, n)}", flush=True)
 
 
 if __name__ == "__main__":

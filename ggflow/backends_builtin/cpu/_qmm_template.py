@@ -380,10 +380,12 @@ def _mul_mat_quads_serial(kind, w, xq, dx, xe, out):
 Kernel = Callable[..., None]
 
 
-def batch_path(pieces, n_tokens: int) -> str:
-    """Which kernel a product of n_tokens runs (all give the same bits): "quads" from the type's quads_from
-    where it has decode_quads, "pairs" from PAIRS_MIN_TOKENS where the target has AVX-512
-    (``_qmm_pairs.pairs_are_fast``), else "tile" (the matvec up to MATVEC_MAX_TOKENS, then decoded blocks)."""
+def batch_path(kind: str, n_tokens: int) -> str:
+    """Which kernel a product of n_tokens of the type ``kind`` names (register_pieces) runs, all giving the
+    same bits: "quads" from the type's quads_from where it has decode_quads, "pairs" from PAIRS_MIN_TOKENS
+    where the target has AVX-512 (``_qmm_pairs.pairs_are_fast``), else "tile" (the matvec up to
+    MATVEC_MAX_TOKENS, then decoded blocks)."""
+    pieces = _PIECES[kind]     # the pieces the kind was compiled with, even if the type was registered again
     if pieces.decode_quads is not None and n_tokens >= pieces.quads_from:
         return "quads"
     if n_tokens >= PAIRS_MIN_TOKENS and pairs_are_fast():

@@ -171,7 +171,7 @@ class PackedWeight:
         from PAIRS_MIN_TOKENS where the CPU has AVX-512 (int16 pairs into int32 lanes), else the tile one."""
         if self.vec_dot_type is None:
             return self.drivers.get(parallel)
-        return self.drivers.get(parallel, tmpl.batch_path(_QUANT_TYPES[self.w_type].pieces, n_tokens))
+        return self.drivers.get(parallel, tmpl.batch_path(self.kind, n_tokens))
 
     @property
     def nbytes(self) -> int:
