@@ -72,7 +72,10 @@ def _serve(model):
     return np.concatenate(logits)
 
 
-def test_a_model_serving_several_sequences_gives_the_same_logits_with_and_without_skipping(llama, monkeypatch):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused attention", "three kernels"])
+def test_a_model_serving_several_sequences_gives_the_same_logits_with_and_without_skipping(llama, monkeypatch, fused):
+    """Skipping by the fused attention kernel (kernels_attention.py) or by the unfused products, against the
+    unfused products reading every page."""
     lives = []
     real = fixed_order.pages_live
 
@@ -80,8 +83,11 @@ def test_a_model_serving_several_sequences_gives_the_same_logits_with_and_withou
         real(mask, live)
         lives.append(live.copy())
     monkeypatch.setattr(fixed_order, "pages_live", recording)
+    if not fused:
+        monkeypatch.setattr(attention_pages, "attention_chains", lambda nodes: {})
     skipping = _serve(llama)
     assert any((live == 0).any() for live in lives)     # pages were skipped
+    monkeypatch.setattr(attention_pages, "attention_chains", lambda nodes: {})
     monkeypatch.setattr(attention_pages, "masked_products", lambda nodes: {})
     lives.clear()
     np.testing.assert_array_equal(skipping, _serve(llama))

@@ -13,7 +13,6 @@ from ggflow.backends_builtin.cpu import CPUBackend
 from ggflow.backends_builtin.cpu import quant_matmul as qmm
 from ggflow.backends_builtin.cpu.c_arith import f32_bits_to_f16_bits
 from ggflow.backends_builtin.cpu.kernels_rows import copy_rows_from_f32
-from ggflow.backends_builtin.cpu.kernels_softmax import scale_by_inverse, scaled_masked_minus_max, soft_max_rows
 from ggflow.core import ops
 from ggflow.core.backend import HostBuffer
 from ggflow.core.graph import Graph
@@ -146,27 +145,6 @@ def test_set_rows_from_f32_rejects_an_id_out_of_range_and_writes_nothing():
     node = ops.set_rows(cache, leaf("F32", randn(2, 8)), leaf("I32", np.array([0, -1], np.int32)))
     with pytest.raises(BackendError, match="row id -1"):
         CPUBackend().compute([node])
-
-
-# -- soft_max in two numba passes around numpy's exp and sum ---------------------------------------
-@pytest.mark.parametrize("mask_heads", [0, 1, 4])
-def test_soft_max_passes_equal_the_numpy_expression_bit_for_bit(mask_heads):
-    x = randn(1, 4, 3, 37, scale=5.0)
-    x[0, 1, 2, 5] = np.nan
-    mask = None
-    if mask_heads:
-        mask = np.where(rng.random((1, mask_heads, 3, 37)) < 0.4, -np.inf, 0.0).astype(np.float32)
-        mask[0, 0, 1, :] = -np.inf                          # a row masked everywhere: NaN, as in ggml
-    expected = np.empty_like(x)
-    with np.errstate(invalid="ignore"):
-        soft_max_rows(x, mask, np.float32(0.3), expected)
-    y, sums = np.empty_like(x), np.empty((1, 4, 3, 1), np.float64)
-    scaled_masked_minus_max(x, mask if mask is not None else np.zeros((1, 1, 1, 1), np.float32),
-                            mask is not None, np.float32(0.3), y)
-    np.exp(y, out=y)
-    np.add.reduce(y, axis=-1, dtype=np.float64, keepdims=True, out=sums)
-    scale_by_inverse(y, sums)
-    np.testing.assert_array_equal(y.view(np.uint32), expected.view(np.uint32))
 
 
 # -- rope: one table per positions and parameters -------------------------------------------------

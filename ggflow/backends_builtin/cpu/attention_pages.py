@@ -8,6 +8,9 @@ token cannot see"), given what the mask says. That is safe for V x P whenever p 
 is safe only where nothing but that softmax reads kq: no other node of the plan, not an output. (A node of
 another split cannot be seen from here; in the graphs GraphBuilder.attention makes, the softmax is kq's only
 reader.)
+
+Where nothing but the chain reads kq and the softmax at all, the three nodes run as one kernel
+(kernels_attention.py, through fusion.py): ``attention_chains`` finds them.
 """
 from __future__ import annotations
 
@@ -37,3 +40,20 @@ def masked_products(nodes: Sequence[Tensor]) -> dict[Tensor, tuple[Tensor, int]]
 
 def _masked_softmax(t: Tensor) -> bool:
     return t.op == Op.SOFT_MAX and len(t.src) > 1 and t.src[1].type.name == "F32"
+
+
+def attention_chains(nodes: Sequence[Tensor]) -> dict[Tensor, tuple[Tensor, Tensor]]:
+    """kq -> (its soft_max, V x P) for each attention whose kq and probabilities nothing else reads: no
+    other node of the plan (views included), not an output."""
+    readers = Counter(src for node in nodes for src in node.src)
+    readers.update(node.view_src for node in nodes if node.view_src is not None)
+    found: dict[Tensor, tuple[Tensor, Tensor]] = {}
+    for node in nodes:
+        if node.op != Op.MUL_MAT or not _masked_softmax(node.src[1]):
+            continue
+        softmax = node.src[1]
+        kq = softmax.src[0]
+        if (kq.op == Op.MUL_MAT and readers[kq] == 1 and readers[softmax] == 1
+                and not (kq.flags | softmax.flags) & TensorFlag.OUTPUT):
+            found[kq] = (softmax, node)
+    return found

@@ -81,15 +81,16 @@ class CPUBackend(Backend):
     def compile(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> CPUPlan:
         from ggflow.backends_builtin.cpu.arrays import TensorArrays
         arrays = TensorArrays(substitutes)
-        from ggflow.backends_builtin.cpu.attention_pages import masked_products
+        from ggflow.backends_builtin.cpu.attention_pages import attention_chains, masked_products
         binders = {**_kernel_binders(), Op.MUL_MAT: partial(_mul_mat_binder(), weights=self.packed_weights,
                                                               n_threads=self.n_threads,
                                                               masked=masked_products(nodes))}
         from ggflow.backends_builtin.cpu.fusion import bind_fused
         steps = [n for n in nodes if n.op not in PURE_VIEWS and n.nelements != 0]   # views compute nothing
+        attention = attention_chains(nodes) if self.fuse else {}
         kernels, i = [], 0
         while i < len(steps):
-            fused = bind_fused(steps, i, arrays) if self.fuse else None
+            fused = bind_fused(steps, i, arrays, attention) if self.fuse else None
             if fused is not None:
                 kernels.append(fused[0])
                 i += fused[1]

@@ -182,7 +182,7 @@ def _bind_fixed_order(node: Tensor, arrays: TensorArrays, masked: tuple[Tensor, 
     if n_rows * m * k >= fixed_order.PARALLEL_MIN_MACS:   # parallel or serial, whichever is faster now
         kernel = thread_choice.adaptive(("fixed order", a_shape, b_view.shape), fixed_order.mul_mat_fixed_order_parallel, kernel)
     tasks = fixed_order.n_tasks(a_shape, b_view.shape)
-    a_native, x_native = _native_operand(a_view, a.type), _native_operand(b_view, b.type)
+    a_native, x_native = native_operand(a_view, a.type), native_operand(b_view, b.type)
     a_memory = fixed_order.as_memory(a_native) if a_native is not None else None
     a_f32 = arrays.f32_reader(a) if a_native is None else None   # e.g. V of a quantized cache
     round_x = vec_dot_rounding(a.type, k)
@@ -193,7 +193,7 @@ def _bind_fixed_order(node: Tensor, arrays: TensorArrays, masked: tuple[Tensor, 
     # driver twice, some 8 s per compile; copying q costs microseconds.
     target = out if out.dtype == F32 and out.flags.c_contiguous else np.empty(out.shape, F32)
 
-    live, skip, refresh = _pages_seen(node, arrays, masked)
+    live, skip, refresh = pages_seen(node, arrays, masked)
 
     def run() -> None:
         if refresh is not None:
@@ -206,7 +206,7 @@ def _bind_fixed_order(node: Tensor, arrays: TensorArrays, masked: tuple[Tensor, 
     return run
 
 
-def _pages_seen(node: Tensor, arrays: TensorArrays, masked: tuple[Tensor, int] | None
+def pages_seen(node: Tensor, arrays: TensorArrays, masked: tuple[Tensor, int] | None
                 ) -> tuple[np.ndarray, int, Callable[[], None] | None]:
     """(live, skip, refresh) for the fixed-order kernel: which cache pages each token sees, read from the
     mask; refresh, for the first product of the plan that reads this mask, recomputes live from it (the
@@ -228,7 +228,7 @@ def _pages_seen(node: Tensor, arrays: TensorArrays, masked: tuple[Tensor, int] |
     return live, skip, lambda: fixed_order.pages_live(mask_rows, live)
 
 
-def _native_operand(view: np.ndarray, traits: TypeTraits) -> np.ndarray | None:
+def native_operand(view: np.ndarray, traits: TypeTraits) -> np.ndarray | None:
     """What the fixed-order kernel reads in place: F32 as is, F16 as its bits; None for other types."""
     if traits.name == "F32":
         return view

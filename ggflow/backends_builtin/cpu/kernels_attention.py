@@ -1,0 +1,244 @@
+"""Attention over the KV cache as one kernel call: K x Q, soft_max and V x P of a layer, over the pages each
+token sees.
+
+ggml's graph has three nodes: kq = mul_mat(K, q), p = soft_max(kq, mask, scale), kqv = mul_mat(V, p). Run
+one by one they cost a layer three kernel calls, an n_kv-wide row of scores and probabilities per head and
+token written and read back, and a soft_max over every cell of the padded range, the masked ones too (a
+decode step of four sequences: 0.54 ms a layer, 16 of its 50 ms). Here each task takes one K/V head and a
+block of tokens, and for each of its rows (token, query head) computes only the pages of cells the token
+sees (kernels_fixed_order_matmul's ``live``), in three passes over them:
+  scores: s[c] = sum over kk of q[kk] * K[c, kk], one fma after the other from kk = 0 (q rounded to F16
+      first when K is F16), K's page transposed into a tile once for all the rows that see it;
+  soft_max: w = s * scale + mask; e = expf(w - max); 1/sum in float64 lanes (kernels_softmax's pieces);
+      p = e / sum, rounded to F16 when V is F16 (ggml's vec_dot_type for an F16 V);
+  output: o[d] = sum over the seen cells c, in order, of p[c] * V[c, d], one fma after the other.
+Each of those is what the unfused kernels compute for that element, in the same order (the fixed-order
+matmul's per-column fma chains, soft_max's exp and lanes), and a page a token does not see adds nothing
+there (its scores only meet the mask's -inf, its probabilities are exact zeros): the output is the
+unfused kqv bit for bit, and a token's result does not depend on the other tokens of the batch. kq and p
+are not written: the fusion is taken only where nothing else reads them (attention_pages.attention_chains).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from numba import njit, prange
+
+from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order, thread_choice
+from ggflow.backends_builtin.cpu.arrays import TensorArrays
+from ggflow.backends_builtin.cpu.kernels_fixed_order_matmul import (
+    PAGE, _accumulate_4_rows, _accumulate_row, _fill_tile, as_f32, round_to_f16)
+from ggflow.backends_builtin.cpu.kernels_matmul import is_weight, native_operand, pages_seen
+from ggflow.backends_builtin.cpu.kernels_softmax import LANES, add_to_lanes, inverse_of_sum, row_max
+from ggflow.core.tensor import Tensor
+
+Kernel = Callable[[], None]
+
+F32 = np.float32
+TOKENS_PER_TASK = 16   # a task's block of tokens: each page's tile is filled once for their rows
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _task_rows(q, n_kv_head, task):
+    """(K/V head, first token, end token, query heads per K/V head) of a task."""
+    _, n_head, n_tokens, _ = q.shape
+    n_blocks = -(-n_tokens // TOKENS_PER_TASK)
+    head, block = task // n_blocks, task % n_blocks
+    return head, block * TOKENS_PER_TASK, min(n_tokens, (block + 1) * TOKENS_PER_TASK), n_head // n_kv_head
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _slots(live, t0, t1):
+    """slot[t - t0, page]: where token t's page sits in its compact row (its seen pages in order), -1 if
+    unseen."""
+    slot = np.full((t1 - t0, live.shape[1]), -1, np.int64)
+    for t in range(t0, t1):
+        n = 0
+        for page in range(live.shape[1]):
+            if live[t, page]:
+                slot[t - t0, page] = n
+                n += 1
+    return slot
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, task):
+    """w[hq, t, compact cells] = K x q * scale + mask - the row's max, for the task's rows (soft_max up to
+    its exp: kernels_softmax.scaled_masked_minus_max's operations), K's page transposed once for them all."""
+    head, t0, t1, group = _task_rows(q, n_kv_head, task)
+    hd = q.shape[3]
+    n_rows = group * (t1 - t0)
+    slot = _slots(live, t0, t1)
+    q_rows = np.empty((n_rows, hd), F32)          # row = (t - t0) * group + query head within the group
+    for row in range(n_rows):
+        t, hq = t0 + row // group, head * group + row % group
+        for kk in range(hd):
+            x = as_f32(q[0, hq, t, kk])
+            q_rows[row, kk] = round_to_f16(x) if round_q else x
+    tile = np.empty((hd, PAGE), F32)
+    rows = np.empty(n_rows, np.int64)
+    for page in range(live.shape[1]):
+        count = 0
+        for row in range(n_rows):
+            if slot[row // group, page] >= 0:
+                rows[count] = row
+                count += 1
+        if count == 0:
+            continue
+        _fill_tile(k_mem, k_step, 0, head, page * PAGE, PAGE, 0, hd, tile)
+        j = 0
+        while j + 4 <= count:
+            r0, r1, r2, r3 = rows[j], rows[j + 1], rows[j + 2], rows[j + 3]
+            o0, o1 = _cells(w, head, group, t0, r0, slot, page), _cells(w, head, group, t0, r1, slot, page)
+            o2, o3 = _cells(w, head, group, t0, r2, slot, page), _cells(w, head, group, t0, r3, slot, page)
+            o0[:], o1[:], o2[:], o3[:] = F32(0), F32(0), F32(0), F32(0)
+            _accumulate_4_rows(o0, o1, o2, o3, q_rows[r0], q_rows[r1], q_rows[r2], q_rows[r3], tile, hd)
+            j += 4
+        while j < count:
+            o0 = _cells(w, head, group, t0, rows[j], slot, page)
+            o0[:] = F32(0)
+            _accumulate_row(o0, q_rows[rows[j]], tile, hd)
+            j += 1
+    for row in range(n_rows):
+        t = t0 + row // group
+        top = F32(-np.inf)
+        for page in range(live.shape[1]):
+            if slot[row // group, page] >= 0:
+                seg, m = _cells(w, head, group, t0, row, slot, page), mask[t, page * PAGE:(page + 1) * PAGE]
+                for c in range(PAGE):
+                    seg[c] = seg[c] * scale + m[c]
+                top = row_max(seg, top)
+        seen = w[head * group + row % group, t, :np.sum(live[t]) * PAGE]
+        for c in range(seen.shape[0]):
+            seen[c] = seen[c] - top
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _cells(w, head, group, t0, row, slot, page):
+    """A row's compact cells for one page it sees."""
+    c0 = slot[row // group, page] * PAGE
+    return w[head * group + row % group, t0 + row // group, c0:c0 + PAGE]
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, task):
+    """out[hq, t] = the soft_max of each row (w holds its exps) times V over its seen cells, in order."""
+    _, _, n_tokens, hd_v = out.shape
+    head, t0, t1, group = _task_rows(out, n_kv_head, task)
+    n_rows = group * (t1 - t0)
+    slot = _slots(live, t0, t1)
+    lanes = np.empty(LANES, np.float64)
+    for row in range(n_rows):                     # the probabilities: kernels_softmax.normalize's operations
+        t, hq = t0 + row // group, head * group + row % group
+        seen = w[hq, t, :np.sum(live[t]) * PAGE]
+        lanes[:] = 0.0
+        add_to_lanes(seen, lanes)
+        inverse = inverse_of_sum(lanes)
+        for c in range(seen.shape[0]):
+            p = seen[c] * inverse
+            seen[c] = round_to_f16(p) if round_p else p
+        out[0, hq, t, :] = F32(0)
+    tile = np.empty((PAGE, hd_v), F32)
+    for page in range(live.shape[1]):
+        seen_by_any = False
+        for i in range(t1 - t0):
+            if slot[i, page] >= 0:
+                seen_by_any = True
+                break
+        if not seen_by_any:
+            continue
+        _fill_tile(v_mem, v_step, 0, head, 0, hd_v, page * PAGE, PAGE, tile)
+        for row in range(n_rows):
+            if slot[row // group, page] >= 0:
+                hq, t = head * group + row % group, t0 + row // group
+                _accumulate_row(out[0, hq, t, :], _cells(w, head, group, t0, row, slot, page), tile, PAGE)
+
+
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+def scores_serial(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks):
+    w = _compact_rows(w_memory, q, live)
+    for task in range(n_tasks):
+        _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, task)
+    return w.size
+
+
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy", parallel=True)
+def scores_parallel(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks):
+    """The first pass: each row's scaled, masked scores minus their max, over the pages it sees, packed
+    (n_head, n_tokens, width) into w_memory's first elements; returns how many (the exp's range). k_mem:
+    the K view (1, H_kv, n_kv, hd) of the cache as 1-D memory (float32 or F16 bits), read at element steps
+    k_step; q (1, H, n, hd) float32 or F16 bits, C-contiguous; mask (n, n_kv) float32; live (n, pages)
+    uint8 (kernels_fixed_order_matmul.pages_live). width: the most pages a token sees, times PAGE."""
+    w = _compact_rows(w_memory, q, live)
+    for task in prange(n_tasks):
+        _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, np.int64(task))
+    return w.size
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _compact_rows(w_memory, q, live):
+    width = 0
+    for t in range(live.shape[0]):
+        width = max(width, np.sum(live[t]) * PAGE)
+    _, n_head, n_tokens, _ = q.shape
+    return w_memory[:n_head * n_tokens * width].reshape((n_head, n_tokens, width))
+
+
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+def outputs_serial(v_mem, v_step, n_kv_head, live, round_p, w_memory, out, n_tasks):
+    w = _compact_rows(w_memory, out, live)
+    for task in range(n_tasks):
+        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, task)
+
+
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy", parallel=True)
+def outputs_parallel(v_mem, v_step, n_kv_head, live, round_p, w_memory, out, n_tasks):
+    """The last pass, after numpy's exp over the packed rows: the probabilities and V x P. v_mem: the V view
+    (1, H_kv, hd_v, n_kv) of the cache as 1-D memory, read at element steps v_step; out (1, H, n, hd_v)
+    float32, the kqv node's result."""
+    w = _compact_rows(w_memory, out, live)
+    for task in prange(n_tasks):
+        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, np.int64(task))
+
+
+def n_tasks(n_kv_head: int, n_tokens: int) -> int:
+    return n_kv_head * -(-n_tokens // TOKENS_PER_TASK)
+
+
+def bind_attention(kq: Tensor, softmax: Tensor, kqv: Tensor, arrays: TensorArrays) -> Kernel | None:
+    """The chain's kernel, or None where the unfused kernels must run it: a cache that is neither F32 nor
+    F16, a mask the pages cannot be read from, a query or output in another layout than the plan's."""
+    keys, q = kq.src
+    values = kqv.src[0]
+    mask = softmax.src[1]
+    if (keys.type.name not in ("F32", "F16") or values.type.name not in ("F32", "F16")
+            or q.type.name not in ("F32", "F16") or keys.ne[3] != 1 or q.ne[3] != 1
+            or is_weight(keys) or is_weight(values)):
+        return None
+    live, skip, refresh = pages_seen(kq, arrays, (mask, fixed_order.SKIP_COLUMNS))
+    out = arrays.view(kqv)
+    if skip == fixed_order.NO_SKIP or out.dtype != F32 or not out.flags.c_contiguous:
+        return None
+    k_mem, k_step = fixed_order.as_memory(native_operand(arrays.view(keys), keys.type))
+    v_mem, v_step = fixed_order.as_memory(native_operand(arrays.view(values), values.type))
+    q_view = native_operand(arrays.view(q), q.type)
+    mask_rows = arrays.view(mask)[0, 0, :q.ne[1]]
+    n_kv_head = keys.ne[2]
+    scale = F32(softmax.op_params[0])
+    round_q, round_p = keys.type.name == "F16", values.type.name == "F16"
+    tasks = n_tasks(n_kv_head, q.ne[1])
+    w = np.empty(q.ne[2] * q.ne[1] * keys.ne[1], F32)   # the rows' seen cells, packed: at most kq's size
+    scores, outputs = scores_serial, outputs_serial
+    if q.ne[1] * q.ne[2] * keys.ne[1] * keys.ne[0] >= fixed_order.PARALLEL_MIN_MACS:
+        key = ("attention", n_kv_head, keys.ne[1], q_view.shape)
+        scores = thread_choice.adaptive((*key, "scores"), scores_parallel, scores_serial)
+        outputs = thread_choice.adaptive((*key, "outputs"), outputs_parallel, outputs_serial)
+
+    def run() -> None:
+        if refresh is not None:
+            refresh()
+        size = scores(k_mem, k_step, n_kv_head, np.ascontiguousarray(q_view), mask_rows, live, scale, round_q, w, tasks)
+        np.exp(w[:size], out=w[:size])
+        outputs(v_mem, v_step, n_kv_head, live, round_p, w, out, tasks)
+    return run

@@ -1,0 +1,126 @@
+"""Attention over the KV cache as one kernel (kernels_attention.py), its expf and soft_max pieces.
+
+The fused kernel must give the unfused nodes' kqv bit for bit (K x Q, soft_max and V x P one by one, with
+their own page skips), for F16 and F32 caches, grouped query heads, tokens that see different pages, a
+token that sees nothing (NaN, as in ggml), and more tokens than one task takes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggflow.backends_builtin.cpu import CPUBackend
+from ggflow.backends_builtin.cpu import kernels_attention as attention
+from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order, thread_choice
+from ggflow.backends_builtin.cpu.kernels_softmax import soft_max_kernel, soft_max_rows
+from ggflow.core import ops
+from ggflow.core.graph import Graph
+from ggflow.core.tensor import Tensor, TensorFlag
+from tests.test_cpu_ops import allocate, leaf, randn
+
+rng = np.random.default_rng(31)
+PAGE = fixed_order.PAGE
+
+
+def attention_graph(cache: str, n_kv: int, visible: list[tuple[int, int]], n_head=6, n_kv_head=2, hd=64,
+                    k=None, v=None, q=None):
+    """kq -> soft_max -> kqv as GraphBuilder.attention makes it, over a cache of n_kv cells; token t sees
+    cells visible[t] = (first, end) (end <= first: none). k, v (n_kv, n_kv_head, hd), q (n, n_head, hd):
+    the contents, random where not given."""
+    n = len(visible)
+    dtype = np.float16 if cache == "F16" else np.float32
+    k = randn(n_kv, n_kv_head, hd) * 0.5 if k is None else k
+    v = randn(n_kv, n_kv_head, hd) if v is None else v
+    q = randn(n, n_head, hd, scale=2.0) if q is None else q
+    k_cache, v_cache = leaf(cache, k.astype(dtype)), leaf(cache, v.astype(dtype))   # [hd, n_kv_head, n_kv]
+    q = leaf("F32", q)                                                              # [hd, n_head, n]
+    mask_np = np.full((n + 3, n_kv), -np.inf, np.float32)                           # 3 rows of padding
+    for t, (first, end) in enumerate(visible):
+        mask_np[t, first:end] = 0.0
+    mask = leaf("F32", mask_np, flags=TensorFlag.INPUT)
+    keys = ops.permute(k_cache, 0, 2, 1, 3)                                          # [hd, n_kv, n_kv_head]
+    kq = ops.mul_mat(keys, ops.permute(q, 0, 2, 1, 3))                               # [n_kv, n, n_head]
+    p = ops.soft_max(kq, mask, 0.125)
+    values = ops.permute(v_cache, 1, 2, 0, 3)                                        # [n_kv, hd, n_kv_head]
+    return ops.mul_mat(values, p), (kq, p)
+
+
+def run_plan(out: Tensor, fuse: bool) -> tuple[np.ndarray, int]:
+    graph = Graph([out])
+    for t in (*graph.leafs, *graph.nodes):
+        if t.view_src is None and t.buffer is None:
+            allocate(t)
+    backend = CPUBackend()
+    backend.fuse = fuse
+    plan = backend.compile(graph.nodes)
+    plan()
+    return out.numpy().copy(), len(plan.kernels)
+
+
+VISIBLE = [(0, 40), (0, 100), (128, 190), (0, 0), (0, 192), (64, 128), (5, 6)]
+
+
+@pytest.mark.parametrize("cache", ["F16", "F32"])
+def test_fused_attention_gives_the_unfused_kqv_bit_for_bit(cache):
+    out, _ = attention_graph(cache, 192, VISIBLE)
+    unfused, n_unfused = run_plan(out, fuse=False)
+    fused, n_fused = run_plan(out, fuse=True)
+    assert (n_unfused, n_fused) == (3, 1)
+    np.testing.assert_array_equal(fused.view(np.uint32), unfused.view(np.uint32))
+    assert np.isnan(fused[:, :, 3]).all() and not np.isnan(np.delete(fused, 3, axis=2)).any()   # (1, head, token, hd)
+
+
+def test_fused_attention_over_more_tokens_than_a_task_in_both_drivers():
+    n = attention.TOKENS_PER_TASK * 2 + 3
+    visible = [(0, 1 + (7 * t) % 256) for t in range(n)]          # causal-like, every page count
+    out, _ = attention_graph("F16", 256, visible, n_head=8, n_kv_head=4)
+    unfused, _ = run_plan(out, fuse=False)
+    graph = Graph([out])
+    plan = CPUBackend().compile(graph.nodes)
+    assert len(plan.kernels) == 1
+    for _ in range(4):      # thread_choice runs a new size parallel twice, then serial twice
+        out.numpy()[...] = 0
+        plan()
+        np.testing.assert_array_equal(out.numpy().view(np.uint32), unfused.view(np.uint32))
+    for part in ("scores", "outputs"):
+        assert thread_choice.choice_for(("attention", 4, 256, (1, 8, n, 64), part)).seen == [2, 2]
+
+
+def test_a_tokens_attention_does_not_depend_on_the_other_tokens():
+    k, v, q = randn(192, 2, 64), randn(192, 2, 64), randn(3, 6, 64)
+    alone, _ = attention_graph("F16", 192, [(64, 150)], k=k, v=v, q=q[1:2])
+    batched, _ = attention_graph("F16", 192, [(0, 64), (64, 150), (150, 192)], k=k, v=v, q=q)
+    one, _ = run_plan(alone, fuse=True)
+    three, _ = run_plan(batched, fuse=True)
+    np.testing.assert_array_equal(three[:, :, 1].view(np.uint32), one[:, :, 0].view(np.uint32))
+
+
+def test_attention_whose_scores_are_read_elsewhere_runs_unfused():
+    out, (kq, _) = attention_graph("F16", 128, [(0, 70), (0, 128)])
+    kq.flags |= TensorFlag.OUTPUT
+    _, n_kernels = run_plan(out, fuse=True)
+    assert n_kernels == 3
+
+
+# -- soft_max ------------------------------------------------------------------------------------
+def test_soft_max_kernel_is_numpys_expression_but_for_the_sums_order():
+    x = randn(2, 3, 5, 300, scale=6.0)
+    mask = np.where(rng.random((1, 1, 5, 300)) < 0.3, -np.inf, 0.0).astype(np.float32)
+    expected, y = np.empty_like(x), np.empty_like(x)
+    soft_max_rows(x, mask, np.float32(0.3), expected)
+    soft_max_kernel(x, mask, True, np.float32(0.3), y)
+    np.testing.assert_allclose(y, expected, rtol=1.5e-7, atol=0)     # 1/sum may round the other way
+    assert (y[..., mask[0, 0] == -np.inf] == 0).all()
+
+
+def test_soft_max_bits_do_not_depend_on_where_masked_pages_lie():
+    """What lets the fused kernel skip pages: a row's probabilities are the same bits wherever whole pages of
+    masked cells sit between its cells (each cell's sum lane is its index mod 8, zeros add nothing)."""
+    cells = randn(1, 1, 1, 2 * PAGE, scale=4.0)
+    compact, spread = np.empty_like(cells), np.full((1, 1, 1, 5 * PAGE), -np.inf, np.float32)
+    spread[..., PAGE:2 * PAGE], spread[..., 3 * PAGE:4 * PAGE] = cells[..., :PAGE], cells[..., PAGE:]
+    y_spread = np.empty_like(spread)
+    soft_max_kernel(cells, np.zeros((1, 1, 1, 1), np.float32), False, np.float32(1), compact)
+    soft_max_kernel(spread, np.zeros((1, 1, 1, 1), np.float32), False, np.float32(1), y_spread)
+    seen = np.concatenate([y_spread[..., PAGE:2 * PAGE], y_spread[..., 3 * PAGE:4 * PAGE]], axis=-1)
+    np.testing.assert_array_equal(seen.view(np.uint32), compact.view(np.uint32))
