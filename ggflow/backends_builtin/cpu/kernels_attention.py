@@ -1,22 +1,23 @@
-"""Attention over the KV cache as one kernel call: K x Q, soft_max and V x P of a layer, over the pages each
+"""Attention over the KV cache as one fused chain: K x Q, soft_max and V x P of a layer, over the pages each
 token sees.
 
 ggml's graph has three nodes: kq = mul_mat(K, q), p = soft_max(kq, mask, scale), kqv = mul_mat(V, p). Run
-one by one they cost a layer three kernel calls, an n_kv-wide row of scores and probabilities per head and
-token written and read back, and a soft_max over every cell of the padded range, the masked ones too (a
-decode step of four sequences: 0.54 ms a layer, 16 of its 50 ms). Here each task takes one K/V head and a
-block of tokens, and for each of its rows (token, query head) computes only the pages of cells the token
-sees (kernels_fixed_order_matmul's ``live``), in three passes over them:
-  scores: s[c] = sum over kk of q[kk] * K[c, kk], one fma after the other from kk = 0 (q rounded to F16
-      first when K is F16), K's page transposed into a tile once for all the rows that see it;
-  soft_max: w = s * scale + mask; e = expf(w - max); 1/sum in float64 lanes (kernels_softmax's pieces);
-      p = e / sum, rounded to F16 when V is F16 (ggml's vec_dot_type for an F16 V);
-  output: o[d] = sum over the seen cells c, in order, of p[c] * V[c, d], one fma after the other.
+one by one, each writes and reads back an n_kv-wide row per head and token, and the soft_max runs over every
+cell of the padded range, the masked ones too: with four sequences in the cache, three quarters of it. Here
+each row (token, query head) takes only the pages of cells its token sees (kernels_fixed_order_matmul's
+``live``), packed into a compact row, in three calls per layer:
+  scores (numba): s[c] = sum over kk of q[kk] * K[c, kk], one fma after the other from kk = 0 (q rounded to
+      F16 first when K is F16), each page of K transposed into a tile once for all the rows of a task (one
+      K/V head, up to TOKENS_PER_TASK tokens) that see it; then w = s * scale + mask, minus the row's max;
+  numpy's exp over the packed rows (kernels_softmax says why numpy's);
+  outputs (numba): 1/sum in float64 lanes, p = e / sum (rounded to F16 when V is F16, as ggml's
+      vec_dot_type for an F16 V), o[d] = sum over the seen cells c, in order, of p[c] * V[c, d].
 Each of those is what the unfused kernels compute for that element, in the same order (the fixed-order
-matmul's per-column fma chains, soft_max's exp and lanes), and a page a token does not see adds nothing
-there (its scores only meet the mask's -inf, its probabilities are exact zeros): the output is the
-unfused kqv bit for bit, and a token's result does not depend on the other tokens of the batch. kq and p
-are not written: the fusion is taken only where nothing else reads them (attention_pages.attention_chains).
+matmul's per-column fma chains, soft_max's passes; a page keeps its offset modulo 8, so its sum lanes),
+and a page a token does not see adds nothing there (its scores only meet the mask's -inf, its
+probabilities are exact zeros): the output is the unfused kqv bit for bit, and a token's result does not
+depend on the other tokens of the batch. kq and p are not written: the fusion is taken only where nothing
+else reads them (attention_pages.attention_chains).
 """
 from __future__ import annotations
 
