@@ -88,6 +88,59 @@ def round_to_f16(typingctx, v):
     return types.float32(v), codegen
 
 
+ROW_BLOCK = 64     # fma_row's columns per register block: 8 vectors of 8 floats (AVX2's 16 registers hold them)
+
+
+@intrinsic
+def fma_row(typingctx, o, xs, tile, nk):
+    """o[c] = fma(xs[r], tile[r, c], o[c]) for r = 0 .. nk-1 in order, every c < len(o) (a multiple of
+    ROW_BLOCK): _accumulate_row's operations, with each block of o's columns held in registers for the
+    whole run of r (numba's loop stores o back after every r: LLVM cannot tell o from tile). The same
+    per-element fma chains (llvm.fma on vectors is the scalar fma lane by lane), so the same bits.
+
+    o and xs 1-D, tile 2-D with contiguous rows, all float32."""
+    f32arr = [isinstance(a, types.Array) and a.dtype == types.float32 for a in (o, xs, tile)]
+    if not (all(f32arr) and o.ndim == 1 and xs.ndim == 1 and tile.ndim == 2 and o.layout == "C"
+            and tile.layout == "C" and isinstance(nk, types.Integer)):
+        return None
+    width = 8
+
+    def codegen(context, builder, sig, args):
+        f32, i8, intp = ir.FloatType(), ir.IntType(8), cgutils.intp_t
+        vec = ir.VectorType(f32, width)
+        fma_v = builder.module.declare_intrinsic(f"llvm.fma.v{width}f32", fnty=ir.FunctionType(vec, [vec] * 3))
+        o_arr = context.make_array(sig.args[0])(context, builder, args[0])
+        x_arr = context.make_array(sig.args[1])(context, builder, args[1])
+        t_arr = context.make_array(sig.args[2])(context, builder, args[2])
+        nk_v = context.cast(builder, args[3], sig.args[3], types.intp)
+        n_cols = builder.extract_value(o_arr.shape, 0)
+        x_step = builder.extract_value(x_arr.strides, 0)
+        row_bytes = builder.extract_value(t_arr.strides, 0)
+        o_ptr = builder.bitcast(o_arr.data, f32.as_pointer())
+        x_base = builder.bitcast(x_arr.data, i8.as_pointer())
+        t_base = builder.bitcast(t_arr.data, i8.as_pointer())
+        n_blocks = builder.udiv(n_cols, ir.Constant(intp, ROW_BLOCK))
+        with cgutils.for_range(builder, n_blocks) as blocks:
+            c0 = builder.mul(blocks.index, ir.Constant(intp, ROW_BLOCK))
+            o_vecs = [builder.bitcast(builder.gep(o_ptr, [builder.add(c0, ir.Constant(intp, width * v))]),
+                                      vec.as_pointer()) for v in range(ROW_BLOCK // width)]
+            accs = [cgutils.alloca_once_value(builder, builder.load(p, align=4)) for p in o_vecs]
+            with cgutils.for_range(builder, nk_v) as rows:
+                r = rows.index
+                x = builder.load(builder.bitcast(builder.gep(x_base, [builder.mul(r, x_step)]), f32.as_pointer()))
+                xb = builder.shuffle_vector(builder.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(ir.IntType(32), 0)),
+                                            ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
+                t_row = builder.bitcast(builder.gep(t_base, [builder.mul(r, row_bytes)]), f32.as_pointer())
+                for v, acc in enumerate(accs):
+                    t = builder.load(builder.bitcast(builder.gep(t_row, [builder.add(c0, ir.Constant(intp, width * v))]),
+                                                     vec.as_pointer()), align=4)
+                    builder.store(builder.call(fma_v, [xb, t, builder.load(acc)]), acc)
+            for p, acc in zip(o_vecs, accs):
+                builder.store(builder.load(acc), p, align=4)
+        return context.get_dummy_value()
+    return types.none(o, xs, tile, nk), codegen
+
+
 def _block_swap_masks(b: int) -> tuple[list[int], list[int]]:
     """shufflevector masks that swap the off-diagonal b x b sub-blocks of rows i and i + b (i & b == 0)."""
     lo = [p if not p & b else BLOCK + p - b for p in range(BLOCK)]
@@ -190,6 +243,9 @@ def _accumulate_row(o, xs, tile, nk):
     wraparound, which otherwise keeps the loop scalar.
     """
     nc = o.shape[0]
+    if nc % ROW_BLOCK == 0:
+        fma_row(o, xs, tile, nk)
+        return
     r = 0
     while r + 4 <= nk:
         x0, x1, x2, x3 = xs[r], xs[r + 1], xs[r + 2], xs[r + 3]
