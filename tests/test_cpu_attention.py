@@ -23,10 +23,11 @@ PAGE = fixed_order.PAGE
 
 
 def attention_graph(cache: str, n_kv: int, visible: list[tuple[int, int]], n_head=6, n_kv_head=2, hd=64,
-                    k=None, v=None, q=None):
-    """kq -> soft_max -> kqv as GraphBuilder.attention makes it, over a cache of n_kv cells; token t sees
-    cells visible[t] = (first, end) (end <= first: none). k, v (n_kv, n_kv_head, hd), q (n, n_head, hd):
-    the contents, random where not given."""
+                    k=None, v=None, q=None, heads_last=True):
+    """kq -> soft_max -> kqv -> cont(permute(kqv)) as GraphBuilder.attention makes it (heads_last=False:
+    kqv itself the result), over a cache of n_kv cells; token t sees cells visible[t] = (first, end)
+    (end <= first: none). k, v (n_kv, n_kv_head, hd), q (n, n_head, hd): the contents, random where not
+    given. The result's numpy array: (1, n, n_head, hd), or kqv's (1, n_head, n, hd)."""
     n = len(visible)
     dtype = np.float16 if cache == "F16" else np.float32
     k = randn(n_kv, n_kv_head, hd) * 0.5 if k is None else k
@@ -42,7 +43,8 @@ def attention_graph(cache: str, n_kv: int, visible: list[tuple[int, int]], n_hea
     kq = ops.mul_mat(keys, ops.permute(q, 0, 2, 1, 3))                               # [n_kv, n, n_head]
     p = ops.soft_max(kq, mask, 0.125)
     values = ops.permute(v_cache, 1, 2, 0, 3)                                        # [n_kv, hd, n_kv_head]
-    return ops.mul_mat(values, p), (kq, p)
+    kqv = ops.mul_mat(values, p)                                                     # [hd, n, n_head]
+    return (ops.cont(ops.permute(kqv, 0, 2, 1, 3)) if heads_last else kqv), (kq, p)
 
 
 def run_plan(out: Tensor, fuse: bool) -> tuple[np.ndarray, int]:
@@ -61,13 +63,15 @@ VISIBLE = [(0, 40), (0, 100), (128, 190), (0, 0), (0, 192), (64, 128), (5, 6)]
 
 
 @pytest.mark.parametrize("cache", ["F16", "F32"])
-def test_fused_attention_gives_the_unfused_kqv_bit_for_bit(cache):
-    out, _ = attention_graph(cache, 192, VISIBLE)
+@pytest.mark.parametrize("heads_last", [True, False], ids=["with the cont", "kqv"])
+def test_fused_attention_gives_the_unfused_result_bit_for_bit(cache, heads_last):
+    out, _ = attention_graph(cache, 192, VISIBLE, heads_last=heads_last)
     unfused, n_unfused = run_plan(out, fuse=False)
     fused, n_fused = run_plan(out, fuse=True)
-    assert (n_unfused, n_fused) == (3, 1)
+    assert (n_unfused, n_fused) == ((4, 1) if heads_last else (3, 1))
     np.testing.assert_array_equal(fused.view(np.uint32), unfused.view(np.uint32))
-    assert np.isnan(fused[:, :, 3]).all() and not np.isnan(np.delete(fused, 3, axis=2)).any()   # (1, head, token, hd)
+    tokens = fused[0] if heads_last else fused[0].transpose(1, 0, 2)                 # (token, head, hd)
+    assert np.isnan(tokens[3]).all() and not np.isnan(np.delete(tokens, 3, axis=0)).any()
 
 
 def test_fused_attention_over_more_tokens_than_a_task_in_both_drivers():
@@ -92,14 +96,14 @@ def test_a_tokens_attention_does_not_depend_on_the_other_tokens():
     batched, _ = attention_graph("F16", 192, [(0, 64), (64, 150), (150, 192)], k=k, v=v, q=q)
     one, _ = run_plan(alone, fuse=True)
     three, _ = run_plan(batched, fuse=True)
-    np.testing.assert_array_equal(three[:, :, 1].view(np.uint32), one[:, :, 0].view(np.uint32))
+    np.testing.assert_array_equal(three[0, 1].view(np.uint32), one[0, 0].view(np.uint32))
 
 
 def test_attention_whose_scores_are_read_elsewhere_runs_unfused():
     out, (kq, _) = attention_graph("F16", 128, [(0, 70), (0, 128)])
     kq.flags |= TensorFlag.OUTPUT
     _, n_kernels = run_plan(out, fuse=True)
-    assert n_kernels == 3
+    assert n_kernels == 4
 
 
 # -- soft_max ------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ Where nothing but the chain reads kq and the softmax at all, the three nodes run
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Sequence
 
 from ggflow.backends_builtin.cpu.kernels_fixed_order_matmul import SKIP_COLUMNS, SKIP_DEPTH
@@ -42,18 +42,29 @@ def _masked_softmax(t: Tensor) -> bool:
     return t.op == Op.SOFT_MAX and len(t.src) > 1 and t.src[1].type.name == "F32"
 
 
-def attention_chains(nodes: Sequence[Tensor]) -> dict[Tensor, tuple[Tensor, Tensor]]:
-    """kq -> (its soft_max, V x P) for each attention whose kq and probabilities nothing else reads: no
-    other node of the plan (views included), not an output."""
-    readers = Counter(src for node in nodes for src in node.src)
-    readers.update(node.view_src for node in nodes if node.view_src is not None)
-    found: dict[Tensor, tuple[Tensor, Tensor]] = {}
+def attention_chains(nodes: Sequence[Tensor]) -> dict[Tensor, tuple[Tensor, ...]]:
+    """kq -> the rest of its chain, (soft_max, V x P) or (soft_max, V x P, the cont of V x P's heads
+    permuted to [hd_v, n_head, n_tokens]), where nothing else reads kq, the probabilities, or V x P ahead of
+    the cont: no other node of the plan (views included), not an output."""
+    users: dict[Tensor, set[Tensor]] = defaultdict(set)
+    for node in nodes:
+        for src in (*node.src, node.view_src):
+            if src is not None:
+                users[src].add(node)
+    found: dict[Tensor, tuple[Tensor, ...]] = {}
     for node in nodes:
         if node.op != Op.MUL_MAT or not _masked_softmax(node.src[1]):
             continue
         softmax = node.src[1]
         kq = softmax.src[0]
-        if (kq.op == Op.MUL_MAT and readers[kq] == 1 and readers[softmax] == 1
+        if not (kq.op == Op.MUL_MAT and users[kq] == {softmax} and users[softmax] == {node}
                 and not (kq.flags | softmax.flags) & TensorFlag.OUTPUT):
-            found[kq] = (softmax, node)
+            continue
+        found[kq] = (softmax, node)
+        heads = next(iter(users[node])) if len(users[node]) == 1 else None
+        if (heads is not None and heads.op == Op.PERMUTE and heads.op_params == (0, 2, 1, 3)
+                and not (node.flags | heads.flags) & TensorFlag.OUTPUT and len(users[heads]) == 1):
+            cont = next(iter(users[heads]))
+            if cont.op == Op.CONT and cont.src[0] is heads:
+                found[kq] = (softmax, node, cont)
     return found

@@ -12,9 +12,10 @@ Chains (``steps`` are the plan's computing nodes, views left out):
   add(a, b) -> rms_norm -> mul(., w)     all F32, contiguous, a and b of one shape, w one row, fewer
   rms_norm -> mul(., w)                  than threads.PARALLEL_MIN_ELEMENTS (a decode step's)
   silu(g) -> mul(u, .) or mul(., u)      all F32, contiguous, one shape (a gated FFN; numpy's exp stays)
-  mul_mat(K, q) -> soft_max(., mask) -> mul_mat(V, .)   attention over the KV cache (kernels_attention.py):
-                                         the one chain that writes only its last node, taken where nothing
-                                         else reads the other two (attention_pages.attention_chains)
+  mul_mat(K, q) -> soft_max(., mask) -> mul_mat(V, .) [-> cont(permute(., 0, 2, 1, 3))]
+                                         attention over the KV cache (kernels_attention.py): the one chain
+                                         that writes only its last node, taken where nothing else reads
+                                         the others (attention_pages.attention_chains)
 """
 from __future__ import annotations
 
@@ -32,14 +33,15 @@ Kernel = Callable[[], None]
 
 
 def bind_fused(steps: Sequence[Tensor], i: int, arrays: TensorArrays,
-               attention: Mapping[Tensor, tuple[Tensor, Tensor]] | None = None) -> tuple[Kernel, int] | None:
+               attention: Mapping[Tensor, tuple[Tensor, ...]] | None = None) -> tuple[Kernel, int] | None:
     """A kernel for the chain that starts at steps[i] and how many steps it runs; None: no chain starts here.
     attention: attention_pages.attention_chains of the plan's nodes."""
     chain = attention.get(steps[i]) if attention else None
-    if chain is not None and tuple(steps[i + 1:i + 3]) == chain:
-        kernel = kernels_attention.bind_attention(steps[i], *chain, arrays)
-        if kernel is not None:
-            return kernel, 3
+    for rest in (chain, chain[:2]) if chain is not None else ():   # with the cont, else without
+        if tuple(steps[i + 1:i + 1 + len(rest)]) == rest:
+            kernel = kernels_attention.bind_attention(arrays, steps[i], *rest)
+            if kernel is not None:
+                return kernel, 1 + len(rest)
     for chain in (_add_rms_norm_mul, _rms_norm_mul, _silu_mul):
         found = chain(steps, i, arrays)
         if found is not None:

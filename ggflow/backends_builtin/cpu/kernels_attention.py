@@ -120,9 +120,10 @@ def _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_t
 
 
 @njit(cache=True, fastmath=False, inline="always")
-def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, n_tasks, task):
-    """out[hq, t] = the soft_max of each row (w holds its exps) times V over its seen cells, in order."""
-    _, n_head, n_tokens, hd_v = out.shape
+def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_v, n_tasks, task):
+    """out[hq * out_step[0] + t * out_step[1]:][:hd_v] = the soft_max of each row (w holds its exps) times
+    V over its seen cells, in order."""
+    n_head, n_tokens = w.shape[0], w.shape[1]
     group = n_head // n_kv_head
     t0, t1 = _task_tokens(n_tokens, n_tasks, task)
     n_rows = n_head * (t1 - t0)
@@ -137,7 +138,7 @@ def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, n_tasks, task
         for c in range(row_cells.shape[0]):
             p = row_cells[c] * inverse
             row_cells[c] = round_to_f16(p) if round_p else p
-        out[0, hq, t, :] = F32(0)
+        out[hq * out_step[0] + t * out_step[1]:hq * out_step[0] + t * out_step[1] + hd_v] = F32(0)
     tile = np.empty((PAGE, hd_v), F32)
     for page in range(live.shape[1]):
         if not seen[page]:
@@ -148,13 +149,13 @@ def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, n_tasks, task
                 if slot[i, page] < 0:
                     continue
                 for hq in range(head * group, (head + 1) * group):
-                    row = i * n_head + hq
-                    _accumulate_row(out[0, hq, t0 + i, :], _cells(w, t0, n_head, row, slot, page), tile, PAGE)
+                    row, o = i * n_head + hq, hq * out_step[0] + (t0 + i) * out_step[1]
+                    _accumulate_row(out[o:o + hd_v], _cells(w, t0, n_head, row, slot, page), tile, PAGE)
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def scores_serial(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks):
-    w = _compact_rows(w_memory, q, live)
+    w = _compact_rows(w_memory, q.shape, live)
     for task in range(n_tasks):
         _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, task)
     return w.size
@@ -167,36 +168,37 @@ def scores_parallel(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_m
     the K view (1, H_kv, n_kv, hd) of the cache as 1-D memory (float32 or F16 bits), read at element steps
     k_step; q (1, H, n, hd) float32 or F16 bits, C-contiguous; mask (n, n_kv) float32; live (n, pages)
     uint8 (kernels_fixed_order_matmul.pages_live). width: the most pages a token sees, times PAGE."""
-    w = _compact_rows(w_memory, q, live)
+    w = _compact_rows(w_memory, q.shape, live)
     for task in prange(n_tasks):
         _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, np.int64(task))
     return w.size
 
 
 @njit(cache=True, fastmath=False, inline="always")
-def _compact_rows(w_memory, q, live):
+def _compact_rows(w_memory, shape, live):
     width = 0
     for t in range(live.shape[0]):
         width = max(width, np.sum(live[t]) * PAGE)
-    _, n_head, n_tokens, _ = q.shape
+    _, n_head, n_tokens, _ = shape
     return w_memory[:n_head * n_tokens * width].reshape((n_head, n_tokens, width))
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
-def outputs_serial(v_mem, v_step, n_kv_head, live, round_p, w_memory, out, n_tasks):
-    w = _compact_rows(w_memory, out, live)
+def outputs_serial(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks):
+    w = _compact_rows(w_memory, shape, live)
     for task in range(n_tasks):
-        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, n_tasks, task)
+        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, shape[3], n_tasks, task)
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy", parallel=True)
-def outputs_parallel(v_mem, v_step, n_kv_head, live, round_p, w_memory, out, n_tasks):
+def outputs_parallel(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks):
     """The last pass, after numpy's exp over the packed rows: the probabilities and V x P. v_mem: the V view
-    (1, H_kv, hd_v, n_kv) of the cache as 1-D memory, read at element steps v_step; out (1, H, n, hd_v)
-    float32, the kqv node's result."""
-    w = _compact_rows(w_memory, out, live)
+    (1, H_kv, hd_v, n_kv) of the cache as 1-D memory, read at element steps v_step; shape = (1, H, n, hd_v);
+    out: the result's float32 memory, head hq's row of token t from hq * out_step[0] + t * out_step[1] (the
+    kqv node's layout, or the cont's after it)."""
+    w = _compact_rows(w_memory, shape, live)
     for task in prange(n_tasks):
-        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, n_tasks, np.int64(task))
+        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, shape[3], n_tasks, np.int64(task))
 
 
 def n_tasks(n_tokens: int) -> int:
@@ -204,9 +206,12 @@ def n_tasks(n_tokens: int) -> int:
     return -(-n_tokens // min(TOKENS_PER_TASK, max(1, n_tokens // MIN_TASKS)))
 
 
-def bind_attention(kq: Tensor, softmax: Tensor, kqv: Tensor, arrays: TensorArrays) -> Kernel | None:
+def bind_attention(arrays: TensorArrays, kq: Tensor, softmax: Tensor, kqv: Tensor,
+                   cont: Tensor | None = None) -> Kernel | None:
     """The chain's kernel, or None where the unfused kernels must run it: a cache that is neither F32 nor
-    F16, a mask the pages cannot be read from, a query or output in another layout than the plan's."""
+    F16, a mask the pages cannot be read from, a query or output in another layout than the plan's. With
+    ``cont`` (kqv's heads permuted to [hd_v, n_head, n_tokens] and copied), the kernel writes the cont's
+    result in place of kqv's, which nothing else reads."""
     keys, q = kq.src
     values = kqv.src[0]
     mask = softmax.src[1]
@@ -215,9 +220,13 @@ def bind_attention(kq: Tensor, softmax: Tensor, kqv: Tensor, arrays: TensorArray
             or is_weight(keys) or is_weight(values)):
         return None
     live, skip, refresh = pages_seen(kq, arrays, (mask, fixed_order.SKIP_COLUMNS))
-    out = arrays.view(kqv)
-    if skip == fixed_order.NO_SKIP or out.dtype != F32 or not out.flags.c_contiguous:
+    result = arrays.view(cont if cont is not None else kqv)
+    if skip == fixed_order.NO_SKIP or result.dtype != F32 or not result.flags.c_contiguous:
         return None
+    hd_v, n_tokens, n_head = kqv.ne[:3]
+    shape = (1, n_head, n_tokens, hd_v)
+    out = result.reshape(-1)
+    out_step = (hd_v, n_head * hd_v) if cont is not None else (n_tokens * hd_v, hd_v)   # (per head, per token)
     k_mem, k_step = fixed_order.as_memory(native_operand(arrays.view(keys), keys.type))
     v_mem, v_step = fixed_order.as_memory(native_operand(arrays.view(values), values.type))
     q_view = native_operand(arrays.view(q), q.type)
@@ -238,5 +247,5 @@ def bind_attention(kq: Tensor, softmax: Tensor, kqv: Tensor, arrays: TensorArray
             refresh()
         size = scores(k_mem, k_step, n_kv_head, np.ascontiguousarray(q_view), mask_rows, live, scale, round_q, w, tasks)
         np.exp(w[:size], out=w[:size])
-        outputs(v_mem, v_step, n_kv_head, live, round_p, w, out, tasks)
+        outputs(v_mem, v_step, n_kv_head, live, round_p, w, shape, out, out_step, tasks)
     return run
