@@ -219,9 +219,12 @@ def bind_attention(arrays: TensorArrays, kq: Tensor, softmax: Tensor, kqv: Tenso
             or q.type.name not in ("F32", "F16") or keys.ne[3] != 1 or q.ne[3] != 1
             or is_weight(keys) or is_weight(values)):
         return None
-    live, skip, refresh = pages_seen(kq, arrays, (mask, fixed_order.SKIP_COLUMNS))
     result = arrays.view(cont if cont is not None else kqv)
-    if skip == fixed_order.NO_SKIP or result.dtype != F32 or not result.flags.c_contiguous:
+    if result.dtype != F32 or not result.flags.c_contiguous:
+        return None
+    # last: the first kernel bound for a mask gets its refresh (and must then run it)
+    live, skip, refresh = pages_seen(kq, arrays, (mask, fixed_order.SKIP_COLUMNS))
+    if skip == fixed_order.NO_SKIP:
         return None
     hd_v, n_tokens, n_head = kqv.ne[:3]
     shape = (1, n_head, n_tokens, hd_v)
