@@ -99,6 +99,27 @@ def test_a_tokens_attention_does_not_depend_on_the_other_tokens():
     np.testing.assert_array_equal(three[0, 1].view(np.uint32), one[0, 0].view(np.uint32))
 
 
+def test_fused_attention_whose_result_takes_the_scores_memory_packs_elsewhere():
+    """The allocator may give the cont kq's memory (kq is dead by then); the kernel then packs its rows in a
+    scratch of its own, not in kq's memory it writes the result into."""
+    out, (kq, _) = attention_graph("F16", 192, VISIBLE)
+    graph = Graph([out])
+    for t in (*graph.leafs, *graph.nodes):
+        if t.view_src is None and t.buffer is None:
+            allocate(t)
+    out.buffer, out.offset = kq.buffer, kq.offset
+    results = []
+    for fuse in (False, True):
+        backend = CPUBackend()
+        backend.fuse = fuse
+        plan = backend.compile(graph.nodes)
+        plan()
+        results.append((out.numpy().copy(), len(plan.kernels)))
+    (unfused, n_unfused), (fused, n_fused) = results
+    assert (n_unfused, n_fused) == (4, 1)
+    np.testing.assert_array_equal(fused.view(np.uint32), unfused.view(np.uint32))
+
+
 def test_attention_whose_scores_are_read_elsewhere_runs_unfused():
     out, (kq, _) = attention_graph("F16", 128, [(0, 70), (0, 128)])
     kq.flags |= TensorFlag.OUTPUT

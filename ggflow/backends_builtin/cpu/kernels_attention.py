@@ -206,6 +206,19 @@ def n_tasks(n_tokens: int) -> int:
     return -(-n_tokens // min(TOKENS_PER_TASK, max(1, n_tokens // MIN_TASKS)))
 
 
+def _scores_memory(arrays: TensorArrays, kq: Tensor, others: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Where the packed rows go (at most kq's size): kq's own memory, which the graph allocated and nothing
+    else reads, unless it shares bytes with an array the kernel reads or writes (the allocator may give
+    a later node kq's memory once kq is dead); else one scratch per size for all of the plan's layers."""
+    view = arrays.view(kq)
+    if view.dtype == F32 and view.flags.c_contiguous and not any(np.may_share_memory(view, a) for a in others):
+        return view.reshape(-1)
+    key = ("attention scores", view.size)
+    if key not in arrays.shared:
+        arrays.shared[key] = np.empty(view.size, F32)
+    return arrays.shared[key]
+
+
 def bind_attention(arrays: TensorArrays, kq: Tensor, softmax: Tensor, kqv: Tensor,
                    cont: Tensor | None = None) -> Kernel | None:
     """The chain's kernel, or None where the unfused kernels must run it: a cache that is neither F32 nor
@@ -238,7 +251,7 @@ def bind_attention(arrays: TensorArrays, kq: Tensor, softmax: Tensor, kqv: Tenso
     scale = F32(softmax.op_params[0])
     round_q, round_p = keys.type.name == "F16", values.type.name == "F16"
     tasks = n_tasks(q.ne[1])
-    w = np.empty(q.ne[2] * q.ne[1] * keys.ne[1], F32)   # the rows' seen cells, packed: at most kq's size
+    w = _scores_memory(arrays, kq, (result, k_mem, v_mem, q_view, mask_rows))
     scores, outputs = scores_serial, outputs_serial
     if q.ne[1] * q.ne[2] * keys.ne[1] * keys.ne[0] >= fixed_order.PARALLEL_MIN_MACS:
         key = ("attention", n_kv_head, keys.ne[1], q_view.shape)
