@@ -37,7 +37,8 @@ def stepper(model: Model, fused: bool, n_seq: int, n_cached: int, threads: int):
     ctx = Context(model, n_ctx=max(4096, n_seq * (n_cached + 512)), backends="cpu", n_threads=threads)
     rng = np.random.default_rng(0)
     for s in range(n_seq):
-        ctx.decode(Batch(rng.integers(100, 40000, n_cached), np.arange(n_cached), s, np.arange(n_cached) == n_cached - 1))
+        last = np.arange(n_cached) == n_cached - 1
+        ctx.decode(Batch(rng.integers(100, 40000, n_cached), np.arange(n_cached), s, last))
     pos = [n_cached]
 
     def step() -> float:

@@ -125,15 +125,16 @@ def fma_row(typingctx, o, xs, tile, nk):
             o_vecs = [builder.bitcast(builder.gep(o_ptr, [builder.add(c0, ir.Constant(intp, width * v))]),
                                       vec.as_pointer()) for v in range(ROW_BLOCK // width)]
             accs = [cgutils.alloca_once_value(builder, builder.load(p, align=4)) for p in o_vecs]
+            undef = ir.Constant(vec, ir.Undefined)
+            splat = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
             with cgutils.for_range(builder, nk_v) as rows:
                 r = rows.index
                 x = builder.load(builder.bitcast(builder.gep(x_base, [builder.mul(r, x_step)]), f32.as_pointer()))
-                xb = builder.shuffle_vector(builder.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(ir.IntType(32), 0)),
-                                            ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
+                xb = builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0)), undef, splat)
                 t_row = builder.bitcast(builder.gep(t_base, [builder.mul(r, row_bytes)]), f32.as_pointer())
                 for v, acc in enumerate(accs):
-                    t = builder.load(builder.bitcast(builder.gep(t_row, [builder.add(c0, ir.Constant(intp, width * v))]),
-                                                     vec.as_pointer()), align=4)
+                    at = builder.gep(t_row, [builder.add(c0, ir.Constant(intp, width * v))])
+                    t = builder.load(builder.bitcast(at, vec.as_pointer()), align=4)
                     builder.store(builder.call(fma_v, [xb, t, builder.load(acc)]), acc)
             for p, acc in zip(o_vecs, accs):
                 builder.store(builder.load(acc), p, align=4)
