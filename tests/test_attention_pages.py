@@ -92,3 +92,14 @@ def test_a_model_serving_several_sequences_gives_the_same_logits_with_and_withou
     lives.clear()
     np.testing.assert_array_equal(skipping, _serve(llama))
     assert not lives
+
+
+def test_a_models_attention_runs_as_one_fused_kernel_per_layer(llama):
+    """GraphBuilder.attention's nodes come in the order fusion.py looks for (K x Q, soft_max, V x P, cont):
+    each layer's attention binds as the one fused kernel, prompt and decode alike."""
+    ctx = ctx_for(llama, n_ctx=4 * PAGE)
+    for batch in (Batch.from_tokens(TOKENS[:8], seq_id=0), Batch(np.array(TOKENS[8:9]), np.array([8]), 0, True)):
+        assert ctx.decode(batch) == DECODE_OK
+        kernels = [k for split in ctx.scheduler.splits for k in split.plan.kernels]
+        fused = [k for k in kernels if getattr(k, "__qualname__", "").startswith("bind_attention")]
+        assert len(fused) == llama.hparams.n_layer
