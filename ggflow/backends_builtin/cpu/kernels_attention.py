@@ -32,7 +32,7 @@ from numba import njit, prange
 from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order, thread_choice
 from ggflow.backends_builtin.cpu.arrays import TensorArrays
 from ggflow.backends_builtin.cpu.kernels_fixed_order_matmul import (
-    PAGE, _accumulate_4_rows, _accumulate_row, _fill_tile, as_f32, round_to_f16)
+    PAGE, _accumulate_row, _fill_tile, as_f32, round_to_f16)
 from ggflow.backends_builtin.cpu.kernels_matmul import is_weight, native_operand, pages_seen
 from ggflow.backends_builtin.cpu.kernels_softmax import LANES, add_to_lanes, inverse_of_sum, row_max
 from ggflow.core.tensor import Tensor
