@@ -37,7 +37,8 @@ def bind_fused(steps: Sequence[Tensor], i: int, arrays: TensorArrays,
     """A kernel for the chain that starts at steps[i] and how many steps it runs; None: no chain starts here.
     attention: attention_pages.attention_chains of the plan's nodes."""
     chain = attention.get(steps[i]) if attention else None
-    for rest in (chain, chain[:2]) if chain is not None else ():   # with the cont, else without
+    tries = () if chain is None else (chain, chain[:2]) if len(chain) == 3 else (chain,)   # the cont too, else not
+    for rest in tries:
         if tuple(steps[i + 1:i + 1 + len(rest)]) == rest:
             kernel = kernels_attention.bind_attention(arrays, steps[i], *rest)
             if kernel is not None:
