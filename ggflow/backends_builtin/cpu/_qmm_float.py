@@ -106,7 +106,7 @@ def _task(kind, w, x, out, task):
 def _mul_mat_parallel(kind, w, x, out):
     literally(kind)
     for task in prange(-(-w.shape[0] // ROWS_PER_TASK)):
-        _task(kind, w, x, out, task)
+        _task(kind, w, x, out, np.int64(task))   # the serial driver's index type: one compiled _task
 
 
 @njit(cache=True, fastmath=FAST, nogil=True)

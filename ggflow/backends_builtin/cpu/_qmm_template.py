@@ -35,6 +35,13 @@ editing a type's pieces changes its key, and so its cache entry.
 
 Calls go to the compiled entry point (``entry_point``), not through the dispatcher: dispatching a
 str argument to a literal specialisation re-runs numba's typing on every call (milliseconds).
+
+Compile time. Each path's tile loop is one njit function over a range of tiles (``_mul_mat_tiles`` and its
+pairs and quads siblings): the serial driver calls it once, the parallel driver's prange once per tile,
+with the tile index cast to the serial call's int64. So the tile body compiles once and each driver only
+re-optimises it where numba links it in. A prange body calling the tile function itself compiled that body
+again under the parfor passes (and prange's unsigned index made a second signature): the parallel drivers
+took 2-3x the serial ones' compile (docs/performance.md, "Compile time of the parallel drivers").
 """
 from __future__ import annotations
 
@@ -220,18 +227,25 @@ def _ov_tile(kind, t, w, xq, dx, xe, out):
     return impl
 
 
+@njit(cache=True, nogil=True)
+def _mul_mat_tiles(kind, w, xq, dx, xe, out, t0, t1):
+    """Row tiles t0 .. t1-1: the body both drivers call (the module docstring, "Compile time")."""
+    literally(kind)
+    for t in range(t0, t1):
+        _tile(kind, t, w, xq, dx, xe, out)
+
+
 @njit(cache=True, parallel=True, nogil=True)
 def _mul_mat_parallel(kind, w, xq, dx, xe, out):
     literally(kind)
-    for t in prange(w[0].shape[0]):     # the body is one call: numba's parfor passes over big bodies cost compile time
-        _tile(kind, t, w, xq, dx, xe, out)
+    for t in prange(w[0].shape[0]):
+        _mul_mat_tiles(kind, w, xq, dx, xe, out, np.int64(t), np.int64(t) + 1)
 
 
 @njit(cache=True, nogil=True)
 def _mul_mat_serial(kind, w, xq, dx, xe, out):
     literally(kind)
-    for t in range(w[0].shape[0]):
-        _tile(kind, t, w, xq, dx, xe, out)
+    _mul_mat_tiles(kind, w, xq, dx, xe, out, np.int64(0), w[0].shape[0])
 
 
 def _tile_pairs(kind, t, w, xq, dx, xe, out):
@@ -272,18 +286,24 @@ def _ov_tile_pairs(kind, t, w, xq, dx, xe, out):
     return impl
 
 
+@njit(cache=True, nogil=True)
+def _mul_mat_pairs_tiles(kind, w, xq, dx, xe, out, t0, t1):
+    literally(kind)
+    for t in range(t0, t1):
+        _tile_pairs(kind, t, w, xq, dx, xe, out)
+
+
 @njit(cache=True, parallel=True, nogil=True)
 def _mul_mat_pairs_parallel(kind, w, xq, dx, xe, out):
     literally(kind)
     for t in prange(w[0].shape[0]):
-        _tile_pairs(kind, t, w, xq, dx, xe, out)
+        _mul_mat_pairs_tiles(kind, w, xq, dx, xe, out, np.int64(t), np.int64(t) + 1)
 
 
 @njit(cache=True, nogil=True)
 def _mul_mat_pairs_serial(kind, w, xq, dx, xe, out):
     literally(kind)
-    for t in range(w[0].shape[0]):
-        _tile_pairs(kind, t, w, xq, dx, xe, out)
+    _mul_mat_pairs_tiles(kind, w, xq, dx, xe, out, np.int64(0), w[0].shape[0])
 
 
 def _tile_quads(kind, t, w, x8, xs, dx, xe, out):
@@ -359,13 +379,20 @@ def _ov_activation_group_sums(kind, x8):
     return impl
 
 
+@njit(cache=True, nogil=True)
+def _mul_mat_quads_tiles(kind, w, x8, xs, dx, xe, out, t0, t1):
+    literally(kind)
+    for t in range(t0, t1):
+        _tile_quads(kind, t, w, x8, xs, dx, xe, out)
+
+
 @njit(cache=True, parallel=True, nogil=True)
 def _mul_mat_quads_parallel(kind, w, xq, dx, xe, out):
     literally(kind)
     x8 = xq.astype(np.int8)     # quantized activations fit a byte: the quads read four at a time
     xs = _activation_group_sums(kind, x8)
     for t in prange(w[0].shape[0]):
-        _tile_quads(kind, t, w, x8, xs, dx, xe, out)
+        _mul_mat_quads_tiles(kind, w, x8, xs, dx, xe, out, np.int64(t), np.int64(t) + 1)
 
 
 @njit(cache=True, nogil=True)
@@ -373,8 +400,7 @@ def _mul_mat_quads_serial(kind, w, xq, dx, xe, out):
     literally(kind)
     x8 = xq.astype(np.int8)
     xs = _activation_group_sums(kind, x8)
-    for t in range(w[0].shape[0]):
-        _tile_quads(kind, t, w, x8, xs, dx, xe, out)
+    _mul_mat_quads_tiles(kind, w, x8, xs, dx, xe, out, np.int64(0), w[0].shape[0])
 
 
 Kernel = Callable[..., None]

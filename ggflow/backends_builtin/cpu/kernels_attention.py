@@ -153,11 +153,25 @@ def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_
                     _accumulate_row(out[o:o + hd_v], _cells(w, t0, n_head, row, slot, page), tile, PAGE)
 
 
+# Tasks first .. end-1 of a pass: the one compiled body both drivers call. A prange body that inlined the
+# task instead would compile it a second time, in numba's parfor passes: the parallel drivers cost 2-3x the
+# serial ones' compile (docs/performance.md, "Compile time of the parallel drivers").
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+def _scores_tasks(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, first, end):
+    for task in range(first, end):
+        _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, task)
+
+
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+def _outputs_tasks(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_v, n_tasks, first, end):
+    for task in range(first, end):
+        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_v, n_tasks, task)
+
+
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def scores_serial(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks):
     w = _compact_rows(w_memory, q.shape, live)
-    for task in range(n_tasks):
-        _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, task)
+    _scores_tasks(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, np.int64(0), n_tasks)
     return w.size
 
 
@@ -170,7 +184,8 @@ def scores_parallel(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_m
     uint8 (kernels_fixed_order_matmul.pages_live). width: the most pages a token sees, times PAGE."""
     w = _compact_rows(w_memory, q.shape, live)
     for task in prange(n_tasks):
-        _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, np.int64(task))
+        _scores_tasks(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, np.int64(task),
+                      np.int64(task) + 1)
     return w.size
 
 
@@ -186,8 +201,7 @@ def _compact_rows(w_memory, shape, live):
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def outputs_serial(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks):
     w = _compact_rows(w_memory, shape, live)
-    for task in range(n_tasks):
-        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, shape[3], n_tasks, task)
+    _outputs_tasks(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, shape[3], n_tasks, np.int64(0), n_tasks)
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy", parallel=True)
@@ -198,7 +212,8 @@ def outputs_parallel(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, o
     kqv node's layout, or the cont's after it)."""
     w = _compact_rows(w_memory, shape, live)
     for task in prange(n_tasks):
-        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, shape[3], n_tasks, np.int64(task))
+        _outputs_tasks(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, shape[3], n_tasks, np.int64(task),
+                       np.int64(task) + 1)
 
 
 def n_tasks(n_tokens: int) -> int:
