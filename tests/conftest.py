@@ -1,5 +1,10 @@
-"""Shared fixtures: tiny models written once per session."""
+"""Shared fixtures: tiny models written once per session; numba's cache warmed beside a whole-suite run."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,3 +22,24 @@ def tiny_model_path(tmp_path_factory):
             write_tiny_model(path, arch, weight_type)
         return path
     return make
+
+
+# -- the other core compiles ahead (tests/prewarm_kernels.py) ------------------------------------------------
+PREWARM_MIN_TESTS = 500     # a run this big is the whole suite, or most of it: worth warming for
+_prewarm: list[subprocess.Popen] = []
+
+
+def pytest_collection_finish(session):
+    """Start tests/prewarm_kernels.py beside a large run (GGFLOW_TEST_PREWARM=0 turns it off)."""
+    if len(session.items) < PREWARM_MIN_TESTS or os.environ.get("GGFLOW_TEST_PREWARM") == "0":
+        return
+    _prewarm.append(subprocess.Popen([sys.executable, "-m", "tests.prewarm_kernels"],
+                                     cwd=Path(__file__).resolve().parents[1],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for proc in _prewarm:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
