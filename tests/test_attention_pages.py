@@ -34,7 +34,7 @@ def _run(a, a_shape, x, live, skip):
     a_mem, steps = fixed_order.as_memory(a)
     out = np.empty((*x.shape[:3], a_shape[2]), np.float32)
     fixed_order.mul_mat_fixed_order_serial(a_mem, a_shape, steps, np.ascontiguousarray(x), out, False, live, skip,
-                                           fixed_order.n_tasks(a_shape, x.shape))
+                                           0, fixed_order.n_tasks(a_shape, x.shape))
     return out
 
 

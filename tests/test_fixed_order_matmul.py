@@ -37,7 +37,7 @@ def run(keys_memory: np.ndarray, m: int, k: int, x: np.ndarray, parallel: bool =
     out = np.empty((1, N_HEAD, x.shape[1], m), dtype=np.float32)
     kernel = fixed_order.mul_mat_fixed_order_parallel if parallel else fixed_order.mul_mat_fixed_order_serial
     kernel(a, view.shape, steps, xx, out, keys_memory.dtype == np.uint16, fixed_order.NO_PAGES, fixed_order.NO_SKIP,
-           fixed_order.n_tasks(view.shape, xx.shape))
+           0, fixed_order.n_tasks(view.shape, xx.shape))
     return out[0]
 
 

@@ -153,40 +153,29 @@ def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_
                     _accumulate_row(out[o:o + hd_v], _cells(w, t0, n_head, row, slot, page), tile, PAGE)
 
 
-# Tasks first .. end-1 of a pass: the one compiled body both drivers call. A prange body that inlined the
-# task instead would compile it a second time, in numba's parfor passes: the parallel drivers cost 2-3x the
-# serial ones' compile (docs/performance.md, "Compile time of the parallel drivers").
+# Each pass comes as a serial driver over tasks first .. end-1 (of n_tasks) and a parallel one whose prange
+# calls the serial driver once per task (the index cast to the callers' int64): the pass's body compiles once.
+# A prange body that inlined the task compiled it a second time in numba's parfor passes, and the parallel
+# drivers cost 2-3x the serial ones' compile (docs/performance.md, "Compile time of the parallel drivers").
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
-def _scores_tasks(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, first, end):
-    for task in range(first, end):
-        _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, task)
-
-
-@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
-def _outputs_tasks(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_v, n_tasks, first, end):
-    for task in range(first, end):
-        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_v, n_tasks, task)
-
-
-@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
-def scores_serial(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks):
-    w = _compact_rows(w_memory, q.shape, live)
-    _scores_tasks(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, np.int64(0), n_tasks)
-    return w.size
-
-
-@njit(cache=True, nogil=True, fastmath=False, error_model="numpy", parallel=True)
-def scores_parallel(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks):
+def scores_serial(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks, first, end):
     """The first pass: each row's scaled, masked scores minus their max, over the pages it sees, packed
     (n_head, n_tokens, width) into w_memory's first elements; returns how many (the exp's range). k_mem:
     the K view (1, H_kv, n_kv, hd) of the cache as 1-D memory (float32 or F16 bits), read at element steps
     k_step; q (1, H, n, hd) float32 or F16 bits, C-contiguous; mask (n, n_kv) float32; live (n, pages)
     uint8 (kernels_fixed_order_matmul.pages_live). width: the most pages a token sees, times PAGE."""
     w = _compact_rows(w_memory, q.shape, live)
-    for task in prange(n_tasks):
-        _scores_tasks(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, np.int64(task),
-                      np.int64(task) + 1)
+    for task in range(first, end):
+        _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, task)
     return w.size
+
+
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy", parallel=True)
+def scores_parallel(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks, first, end):
+    for i in prange(end - first):
+        task = first + np.int64(i)
+        scores_serial(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks, task, task + 1)
+    return _compact_rows(w_memory, q.shape, live).size
 
 
 @njit(cache=True, fastmath=False, inline="always")
@@ -199,21 +188,22 @@ def _compact_rows(w_memory, shape, live):
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
-def outputs_serial(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks):
-    w = _compact_rows(w_memory, shape, live)
-    _outputs_tasks(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, shape[3], n_tasks, np.int64(0), n_tasks)
-
-
-@njit(cache=True, nogil=True, fastmath=False, error_model="numpy", parallel=True)
-def outputs_parallel(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks):
+def outputs_serial(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks, first, end):
     """The last pass, after numpy's exp over the packed rows: the probabilities and V x P. v_mem: the V view
     (1, H_kv, hd_v, n_kv) of the cache as 1-D memory, read at element steps v_step; shape = (1, H, n, hd_v);
     out: the result's float32 memory, head hq's row of token t from hq * out_step[0] + t * out_step[1] (the
     kqv node's layout, or the cont's after it)."""
     w = _compact_rows(w_memory, shape, live)
-    for task in prange(n_tasks):
-        _outputs_tasks(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, shape[3], n_tasks, np.int64(task),
-                       np.int64(task) + 1)
+    for task in range(first, end):
+        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, shape[3], n_tasks, task)
+
+
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy", parallel=True)
+def outputs_parallel(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks, first, end):
+    for i in prange(end - first):
+        task = first + np.int64(i)
+        outputs_serial(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks, task,
+                       task + 1)
 
 
 def n_tasks(n_tokens: int) -> int:
@@ -276,7 +266,8 @@ def bind_attention(arrays: TensorArrays, kq: Tensor, softmax: Tensor, kqv: Tenso
     def run() -> None:
         if refresh is not None:
             refresh()
-        size = scores(k_mem, k_step, n_kv_head, np.ascontiguousarray(q_view), mask_rows, live, scale, round_q, w, tasks)
+        size = scores(k_mem, k_step, n_kv_head, np.ascontiguousarray(q_view), mask_rows, live, scale, round_q, w, tasks,
+                      0, tasks)
         np.exp(w[:size], out=w[:size])
-        outputs(v_mem, v_step, n_kv_head, live, round_p, w, shape, out, out_step, tasks)
+        outputs(v_mem, v_step, n_kv_head, live, round_p, w, shape, out, out_step, tasks, 0, tasks)
     return run

@@ -410,26 +410,23 @@ def n_tasks(a_shape: tuple[int, ...], x_shape: tuple[int, ...]) -> int:
 
 
 @njit(cache=True, nogil=True, fastmath=False)
-def _run_tasks(a, a_shape, a_step, x, out, round_x, live, skip, first, end):
-    """Tasks first .. end-1: the one compiled body both drivers call (a prange body inlining _run_task
-    would compile it again in numba's parfor passes, 2-3x the serial driver's compile time)."""
+def mul_mat_fixed_order_serial(a, a_shape, a_step, x, out, round_x, live, skip, first, end):
+    """Tasks first .. end-1 (of n_tasks(a_shape, x.shape)). a: the memory of a (A3, A2, m, k) operand, 1-D
+    float32 or F16 bits (uint16), read at element steps a_step; x (B3, B2, n, k) float32 or F16 bits, any
+    strides; out (B3, B2, n, m) float32. B3 and B2 are multiples of A3 and A2 (broadcast, GQA). round_x: round
+    x to F16 first (a is F16). live (n, pages) uint8 and skip: the pages each of the n tokens sees, and
+    NO_SKIP, SKIP_COLUMNS or SKIP_DEPTH."""
     for task in range(first, end):
         _run_task(a, a_shape, a_step, x, out, round_x, live, skip, task)
 
 
 @njit(cache=True, nogil=True, fastmath=False, parallel=True)
-def mul_mat_fixed_order_parallel(a, a_shape, a_step, x, out, round_x, live, skip, n_tasks):
-    """a: the memory of a (A3, A2, m, k) operand, 1-D float32 or F16 bits (uint16), read at element steps
-    a_step; x (B3, B2, n, k) float32 or F16 bits, any strides; out (B3, B2, n, m) float32. B3 and B2 are
-    multiples of A3 and A2 (broadcast, GQA). round_x: round x to F16 first (a is F16). live (n, pages)
-    uint8 and skip: the pages each of the n tokens sees, and NO_SKIP, SKIP_COLUMNS or SKIP_DEPTH."""
-    for task in prange(n_tasks):
-        _run_tasks(a, a_shape, a_step, x, out, round_x, live, skip, np.int64(task), np.int64(task) + 1)
-
-
-@njit(cache=True, nogil=True, fastmath=False)
-def mul_mat_fixed_order_serial(a, a_shape, a_step, x, out, round_x, live, skip, n_tasks):
-    _run_tasks(a, a_shape, a_step, x, out, round_x, live, skip, np.int64(0), np.int64(n_tasks))
+def mul_mat_fixed_order_parallel(a, a_shape, a_step, x, out, round_x, live, skip, first, end):
+    """The serial driver once per task (the index cast to its int64): the task body compiles once, where a
+    prange body inlining _run_task compiled it again in numba's parfor passes (2-3x the serial compile)."""
+    for i in prange(end - first):
+        task = first + np.int64(i)
+        mul_mat_fixed_order_serial(a, a_shape, a_step, x, out, round_x, live, skip, task, task + 1)
 
 
 def as_memory(view: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int, int]]:

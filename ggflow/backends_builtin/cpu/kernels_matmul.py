@@ -200,7 +200,7 @@ def _bind_fixed_order(node: Tensor, arrays: TensorArrays, masked: tuple[Tensor, 
             refresh()
         a_data, a_step = a_memory if a_memory is not None else fixed_order.as_memory(a_f32())
         x = x_native if x_in_place else round_x(to_f32(b_view, b.type))
-        kernel(a_data, a_shape, a_step, np.ascontiguousarray(x), target, round_x_to_f16, live, skip, tasks)
+        kernel(a_data, a_shape, a_step, np.ascontiguousarray(x), target, round_x_to_f16, live, skip, 0, tasks)
         if target is not out:
             out[...] = target
     return run
