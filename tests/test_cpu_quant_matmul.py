@@ -354,9 +354,26 @@ def test_kernels_are_cached_on_disk():
     from numba.core.caching import NullCache
     from ggflow.backends_builtin.cpu import _qmm_float as flt
     from ggflow.backends_builtin.cpu import _qmm_template as tmpl
-    kernels = [tmpl._mul_mat_parallel, tmpl._mul_mat_serial, flt._mul_mat_parallel, flt._mul_mat_serial,
+    kernels = [tmpl._mul_mat_parallel, tmpl._mul_mat_serial, tmpl._mul_mat_tiles, tmpl._mul_mat_quads_parallel,
+               tmpl._mul_mat_quads_serial, tmpl._mul_mat_quads_tiles, tmpl._mul_mat_pairs_parallel,
+               tmpl._mul_mat_pairs_serial, tmpl._mul_mat_pairs_tiles, flt._mul_mat_parallel, flt._mul_mat_serial,
                act.quantize_q8_0, act.quantize_q8_1, act.quantize_q8_K]
     assert all(not isinstance(k._cache, NullCache) for k in kernels)
+
+
+@pytest.mark.parametrize("path, tiles", [("tile", "_mul_mat_tiles"), ("quads", "_mul_mat_quads_tiles")])
+def test_serial_and_parallel_drivers_share_one_compiled_tile_body(path, tiles):
+    """The parallel driver calls the serial one's tile-range function with the same argument types (the
+    prange index cast to int64), so a type's tile body compiles once for both drivers (docs/performance.md,
+    "Compile time of the parallel drivers")."""
+    from ggflow.backends_builtin.cpu import _qmm_template as tmpl
+    q, _ = weight("Q4_0", *BIG, seed=15)
+    pw = qmm.pack_weight(q, "Q4_0")
+    x = activations(4, BIG[1], seed=16)
+    for parallel in (False, True):
+        pw.drivers.get(parallel, path)(*kernel_args(pw, x), np.empty((4, BIG[0]), np.float32))
+    compiled = [sig for sig in getattr(tmpl, tiles).signatures if sig[0].literal_value == pw.kind]
+    assert len(compiled) == 1
 
 
 @pytest.mark.parametrize("w_type", LEGACY + KQUANTS)

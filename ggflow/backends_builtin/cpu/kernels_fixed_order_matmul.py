@@ -330,7 +330,6 @@ def _run_task(a, a_shape, a_step, x, out, round_x, live, skip, task):
     r3, r2 = n_b3 // n_a3, n_b2 // n_a2
     n_col_groups = -(-m // GROUP_COLS)
     n_row_blocks = -(-(r3 * r2 * n) // ROWS)
-    task = np.int64(task)                   # prange's index may be unsigned: keep the index arithmetic integer
     ia, rest = task // (n_col_groups * n_row_blocks), task % (n_col_groups * n_row_blocks)
     cg, rb = rest // n_row_blocks, rest % n_row_blocks
     ia3, ia2 = ia // n_a2, ia % n_a2
