@@ -4,8 +4,9 @@ From an empty cache the suite spends about half its time in numba compiling, on 
 single-threaded and the tests wait for it (docs/performance.md, "Compile time of the parallel drivers").
 conftest.py starts this script beside a whole-suite run, at low priority, so the idle core compiles ahead:
 the default model's kernels first (the first model tests need them), a tiny model's, then each weight
-type's matmul drivers in the order tests/test_cpu_quant_matmul.py meets them. A test loads what this has cached by then and
-compiles the rest itself; results do not depend on it (numba writes each cache file whole, by rename).
+type's matmul drivers in the order tests/test_cpu_quant_matmul.py meets them. A test loads what this has
+cached by then and compiles the rest itself; results do not depend on it (numba writes each cache file
+whole, by rename).
 
     python -m tests.prewarm_kernels
 """
