@@ -23,9 +23,10 @@ WEIGHT_TYPES = ["Q4_0", "Q5_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", 
 def default_model() -> None:
     from ggflow.api import default_model_path
     from ggflow.cli import main
+    from ggflow.errors import GGFlowError
     try:
         path = default_model_path()
-    except Exception:   # the model package is not installed: the model tests skip, nothing to warm
+    except GGFlowError:   # the model package is not installed: the model tests skip, nothing to warm
         return
     main(["warmup", "-m", str(path)])
 
