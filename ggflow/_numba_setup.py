@@ -5,11 +5,16 @@ container image) that fails, and every process would compile again. Then the cac
 cache directory, ``$XDG_CACHE_HOME/ggflow/numba`` (``~/.cache/ggflow/numba``), unless the user chose
 one with ``NUMBA_CACHE_DIR``.
 
-numba's parallel kernels run on GNU libgomp here (its "omp" layer), whose idle threads spin after each
-parallel region unless told otherwise; where other processes want the cores, that spin made ``-t 2`` ten
-times slower than ``-t 1`` (docs/performance.md, "Threads"). So ggflow sets ``OMP_WAIT_POLICY=passive``
-unless the user set a wait knob of their own. libgomp reads it when it is loaded, at numba's first parallel
-kernel; a runtime some other library loaded earlier keeps its own setting.
+numba's parallel kernels run on GNU libgomp here (its "omp" layer). How its idle threads wait decides what
+a parallel region costs: a thread that sleeps must be woken (on a virtual machine whose idle vCPU halted,
+~60 us: more than a decode step's matrix products take), while one that spins starts at once but holds a
+core that another process may want. ggflow spins for a bounded while (``GOMP_SPINCOUNT=100000``, a few
+milliseconds, long enough to span the gaps between a step's regions and between decode steps) and, since
+spinning threads hurt where other processes want the cores (``-t 2`` was ten times slower than ``-t 1``
+with libgomp's longer default spin: docs/performance.md, "Threads"), the CPU backend gives threads back
+when other processes keep cores busy (``backends_builtin/cpu/spare_cores.py``). A wait knob of the user's
+own (OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME) is left alone. libgomp reads it when it is loaded, at
+numba's first parallel kernel; a runtime some other library loaded earlier keeps its own setting.
 """
 from __future__ import annotations
 
@@ -44,12 +49,15 @@ def choose_cache_dir() -> str | None:
 OPENMP_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
+SPIN_COUNT = "100000"   # libgomp's spins (a pause instruction each, 20-70 ns) before an idle thread sleeps
+
+
 def choose_omp_wait_policy() -> str | None:
-    """Set OMP_WAIT_POLICY=passive where the user set no OpenMP wait variable; return what was set."""
+    """Set GOMP_SPINCOUNT=SPIN_COUNT where the user set no OpenMP wait variable; return what was set."""
     if any(os.environ.get(name) for name in OPENMP_WAIT_VARIABLES):
         return None
-    os.environ["OMP_WAIT_POLICY"] = "passive"
-    return "passive"
+    os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+    return SPIN_COUNT
 
 
 choose_cache_dir()

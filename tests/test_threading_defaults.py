@@ -1,4 +1,4 @@
-"""ggflow's default OpenMP wait policy: passive unless the user chose one, set before libgomp loads."""
+"""ggflow's default OpenMP wait policy: a bounded spin unless the user chose one, set before libgomp loads."""
 from __future__ import annotations
 
 import os
@@ -17,35 +17,38 @@ def no_wait_variables(monkeypatch):
     return monkeypatch
 
 
-def test_passive_is_set_when_the_user_set_no_wait_variable(no_wait_variables):
-    assert _numba_setup.choose_omp_wait_policy() == "passive"
-    assert os.environ["OMP_WAIT_POLICY"] == "passive"
+def test_a_bounded_spin_is_set_when_the_user_set_no_wait_variable(no_wait_variables):
+    assert _numba_setup.choose_omp_wait_policy() == _numba_setup.SPIN_COUNT
+    assert os.environ["GOMP_SPINCOUNT"] == _numba_setup.SPIN_COUNT
+    assert "OMP_WAIT_POLICY" not in os.environ
 
 
 def test_the_users_wait_policy_is_kept(no_wait_variables):
     no_wait_variables.setenv("OMP_WAIT_POLICY", "active")
     assert _numba_setup.choose_omp_wait_policy() is None
     assert os.environ["OMP_WAIT_POLICY"] == "active"
+    assert "GOMP_SPINCOUNT" not in os.environ
 
 
 @pytest.mark.parametrize("name", ["GOMP_SPINCOUNT", "KMP_BLOCKTIME"])
-def test_a_spin_setting_of_the_users_leaves_the_policy_unset(no_wait_variables, name):
+def test_a_spin_setting_of_the_users_is_kept(no_wait_variables, name):
     no_wait_variables.setenv(name, "1000")
     assert _numba_setup.choose_omp_wait_policy() is None
+    assert os.environ[name] == "1000"
     assert "OMP_WAIT_POLICY" not in os.environ
 
 
 def test_importing_ggflow_sets_it_before_numba_loads_its_openmp_runtime():
-    # libgomp reads OMP_WAIT_POLICY once, when loaded: the setting only counts if it comes first.
+    # libgomp reads its wait variables once, when loaded: the setting only counts if it comes first.
     code = ("import os, sys, ggflow; import ggflow.backends_builtin.cpu.quant_matmul; "
-            "print(os.environ.get('OMP_WAIT_POLICY'), 'numba.np.ufunc.omppool' in sys.modules)")
+            "print(os.environ.get('GOMP_SPINCOUNT'), 'numba.np.ufunc.omppool' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k not in _numba_setup.OPENMP_WAIT_VARIABLES}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["passive", "False"]
+    assert out.stdout.split() == [_numba_setup.SPIN_COUNT, "False"]
 
 
-def test_numbas_openmp_runtime_runs_passive():
+def test_numbas_openmp_runtime_spins_as_set():
     code = """
 import ctypes, ggflow, numba, numpy as np
 @numba.njit(parallel=True)
@@ -65,5 +68,5 @@ else:
     assert out.returncode == 0, out.stderr
     if out.stdout.startswith("SKIP"):
         pytest.skip(out.stdout[5:].strip())
-    # libgomp prints PASSIVE for its default too (spin 300000 rounds, then sleep); passive spins 0.
-    assert "GOMP_SPINCOUNT = '0'" in out.stderr, out.stderr
+    # libgomp's own default would be 300000 (300 where threads outnumber CPUs); passive would be 0.
+    assert f"GOMP_SPINCOUNT = '{_numba_setup.SPIN_COUNT}'" in out.stderr, out.stderr

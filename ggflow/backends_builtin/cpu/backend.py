@@ -14,6 +14,7 @@ from typing import Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
+from ggflow.backends_builtin.cpu import spare_cores
 from ggflow.core.backend import Backend, BackendOptions, HostBuffer
 from ggflow.core.ops import PURE_VIEWS, Op, plugin_op
 from ggflow.core.tensor import Tensor
@@ -24,7 +25,8 @@ Binder = Callable[..., Kernel]
 
 
 class CPUPlan:
-    """A compiled run of nodes: their bound kernels, called in order."""
+    """A compiled run of nodes: their bound kernels, called in order, on as many of ``n_threads`` (None: numba's
+    count) as other processes leave cores free (spare_cores)."""
 
     __slots__ = ("kernels", "n_threads")
 
@@ -35,8 +37,9 @@ class CPUPlan:
     def __call__(self) -> None:
         import numba
         previous = numba.get_num_threads()
-        if self.n_threads is not None and self.n_threads != previous:
-            numba.set_num_threads(self.n_threads)
+        threads = spare_cores.threads_now(self.n_threads or numba.config.NUMBA_NUM_THREADS)
+        if threads != previous:
+            numba.set_num_threads(threads)
         try:
             with np.errstate(over="ignore", invalid="ignore"):
                 for kernel in self.kernels:

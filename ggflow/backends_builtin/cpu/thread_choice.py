@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Hashable
 
+from ggflow.backends_builtin.cpu import spare_cores
+
 FIRST_PROBE_AFTER = 16    # calls the faster way between two tries of the other, after a change of way
 LAST_PROBE_AFTER = 256    # ... growing to this while the tries keep losing
 SMOOTHING = 0.25          # weight of the newest call in a way's running time: a preempted call fades in a few
@@ -81,6 +83,9 @@ def adaptive(key: Hashable, parallel: Callable[..., None], serial: Callable[...,
     clock = time.perf_counter
 
     def run(*args) -> None:
+        if spare_cores.in_use == 1:      # the plan runs on one thread now: a parallel region would be one too
+            serial(*args)
+            return
         use_parallel = choice.parallel_now()
         start = clock()
         (parallel if use_parallel else serial)(*args)

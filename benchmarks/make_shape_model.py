@@ -1,0 +1,128 @@
+"""Write a random-weight F16 GGUF model of a real model's shape, for speed and memory comparisons.
+
+Issue 14's table has rows for models no PyPI package ships (TinyLlama-1.1B, Qwen2-0.5B); what a benchmark
+needs of them is their shape, not their weights. This writes one with gguf's GGUFWriter: every matrix
+random normal (std 0.02, so that activations stay finite through the layers), norms 1, and the tokenizer
+copied from a vocabulary file of llama.cpp's (../shared/vocab), so llama.cpp and ggflow both load it.
+Quantize the result with llama-quantize (or `ggflow quantize`) to the types to compare:
+
+    python benchmarks/make_shape_model.py tinyllama-1.1b /tmp/tinyllama-f16.gguf
+    llama-quantize /tmp/tinyllama-f16.gguf /tmp/tinyllama-q4_0.gguf Q4_0
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+VOCAB_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "vocab"
+
+
+@dataclass(frozen=True)
+class Shape:
+    arch: str
+    vocab_file: str
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_ctx_train: int
+    rope_base: float
+    qkv_bias: bool = False
+    tied_output: bool = False
+
+
+SHAPES = {
+    # TinyLlama/TinyLlama-1.1B-Chat-v1.0's config.json
+    "tinyllama-1.1b": Shape("llama", "ggml-vocab-llama-spm.gguf", 2048, 22, 32, 4, 5632, 2048, 10000.0),
+    # Qwen/Qwen2-0.5B-Instruct's config.json (its vocabulary file holds 151,936 tokens' worth of the 151,646 used)
+    "qwen2-0.5b": Shape("qwen2", "ggml-vocab-qwen2.gguf", 896, 24, 14, 2, 4864, 32768, 1000000.0,
+                        qkv_bias=True, tied_output=True),
+}
+
+
+def copy_tokenizer(writer, vocab_path: Path) -> int:
+    """Every tokenizer.* key of a vocabulary file, as it is there; returns the vocabulary's size."""
+    from gguf import GGUFReader, GGUFValueType
+    reader = GGUFReader(str(vocab_path))
+    n_vocab = 0
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        if field.types[0] == GGUFValueType.ARRAY:
+            writer.add_array(name, value)
+            if name == "tokenizer.ggml.tokens":
+                n_vocab = len(value)
+        else:
+            writer.add_key_value(name, value, field.types[0])
+    return n_vocab
+
+
+def write_model(shape: Shape, out: Path, seed: int = 0) -> None:
+    from gguf import GGUFWriter
+    rng = np.random.default_rng(seed)
+    writer = GGUFWriter(str(out), shape.arch)
+    n_vocab = copy_tokenizer(writer, VOCAB_DIR / shape.vocab_file)
+    a = shape.arch
+    writer.add_name(f"random {out.stem}")
+    writer.add_uint32(f"{a}.context_length", shape.n_ctx_train)
+    writer.add_uint32(f"{a}.embedding_length", shape.n_embd)
+    writer.add_uint32(f"{a}.block_count", shape.n_layer)
+    writer.add_uint32(f"{a}.feed_forward_length", shape.n_ff)
+    writer.add_uint32(f"{a}.attention.head_count", shape.n_head)
+    writer.add_uint32(f"{a}.attention.head_count_kv", shape.n_head_kv)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_float32(f"{a}.rope.freq_base", shape.rope_base)
+    writer.add_uint32(f"{a}.rope.dimension_count", shape.n_embd // shape.n_head)
+    writer.add_uint32("general.file_type", 1)   # mostly F16
+
+    def matrix(name: str, rows: int, cols: int) -> None:   # ggml's ne = (cols, rows): numpy (rows, cols)
+        writer.add_tensor(name, (rng.standard_normal((rows, cols), np.float32) * 0.02).astype(np.float16))
+
+    def vector(name: str, n: int, value: float) -> None:
+        writer.add_tensor(name, np.full(n, value, np.float32))
+
+    e, hd = shape.n_embd, shape.n_embd // shape.n_head
+    matrix("token_embd.weight", n_vocab, e)
+    for i in range(shape.n_layer):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", e, 1.0)
+        matrix(p + "attn_q.weight", e, e)
+        matrix(p + "attn_k.weight", shape.n_head_kv * hd, e)
+        matrix(p + "attn_v.weight", shape.n_head_kv * hd, e)
+        if shape.qkv_bias:
+            vector(p + "attn_q.bias", e, 0.0)
+            vector(p + "attn_k.bias", shape.n_head_kv * hd, 0.0)
+            vector(p + "attn_v.bias", shape.n_head_kv * hd, 0.0)
+        matrix(p + "attn_output.weight", e, e)
+        vector(p + "ffn_norm.weight", e, 1.0)
+        matrix(p + "ffn_gate.weight", shape.n_ff, e)
+        matrix(p + "ffn_up.weight", shape.n_ff, e)
+        matrix(p + "ffn_down.weight", e, shape.n_ff)
+    vector("output_norm.weight", e, 1.0)
+    if not shape.tied_output:
+        matrix("output.weight", n_vocab, e)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if not (VOCAB_DIR / SHAPES[args.shape].vocab_file).exists():
+        raise SystemExit(f"{VOCAB_DIR / SHAPES[args.shape].vocab_file} is missing: the tokenizer comes from there")
+    write_model(SHAPES[args.shape], args.out, args.seed)
+    print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
