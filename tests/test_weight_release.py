@@ -81,8 +81,12 @@ def test_the_logits_do_not_change_when_the_pages_are_released(monkeypatch):
             logits.append(ctx.get_logits().copy())
         return logits, embd_resident
 
-    released, embd_resident = run(loaded(name))
+    model = loaded(name)
+    released, embd_resident = run(model)
     assert embd_resident <= 2 * PAGE
+    # get_rows read its rows with pread (file_rows.py): the released pages were not mapped again
+    embd = model.weights["token_embd.weight"]
+    assert model.file.resident_bytes(embd.offset, embd.nbytes) <= 2 * PAGE
     monkeypatch.setattr(GGUFFile, "release", lambda self, offset, nbytes: 0)
     kept, embd_resident = run(loaded(name))
     assert embd_resident > 2 * PAGE
@@ -124,3 +128,28 @@ def test_bench_reports_how_little_of_the_file_stays_mapped(capsys):
     skip_without_pagemap(GGUFFile(path))
     assert report["model_mapped_mb"] < 0.25 * report["size_mb"]
     assert report["peak_rss_mb"] > report["model_mapped_mb"]
+
+
+def test_rows_read_from_the_file_match_the_mapped_bytes_and_a_short_file_is_an_error(tmp_path):
+    from ggflow.backends_builtin.cpu.file_rows import pread_rows
+
+    file = GGUFFile(SHARED / "tiny-llama-hs-q8_0.gguf")
+    info = next(t for t in file.tensors if t.name == "token_embd.weight")
+    row_bytes = info.ne[0] // 32 * 34                       # Q8_0: 34 bytes a block of 32
+    ids = np.array([[[0, info.ne[1] - 1, 7, 7]]], np.int32)
+    out = np.empty((ids.size, row_bytes), np.uint8)
+    assert pread_rows(file.fileno, info.offset, row_bytes, ids, out) == -1
+    mapped = file.data()[info.offset:info.offset + info.ne[1] * row_bytes].reshape(info.ne[1], row_bytes)
+    np.testing.assert_array_equal(out, mapped[ids.reshape(-1)])
+
+    short = tmp_path / "short.bin"
+    short.write_bytes(bytes(range(256)) * 4)                # 1024 bytes: rows 0-7 of 128, not row 8
+    import os
+    fd = os.open(short, os.O_RDONLY)
+    try:
+        rows = np.empty((3, 128), np.uint8)
+        assert pread_rows(fd, 0, 128, np.array([1, 8, 2]), rows) == 1
+        assert pread_rows(fd, 0, 128, np.array([7, 0, 2]), rows) == -1
+        np.testing.assert_array_equal(rows[0], np.frombuffer(short.read_bytes()[896:1024], np.uint8))
+    finally:
+        os.close(fd)

@@ -48,13 +48,16 @@ class HostBuffer(Buffer):
     """Host memory: a numpy uint8 array, either owned or a view (e.g. of a memory-mapped GGUF file)."""
 
     def __init__(self, array: np.ndarray, backend_name: str = "cpu",
-                 release: Callable[[int, int], int] | None = None):
+                 release: Callable[[int, int], int] | None = None, fileno: int | None = None):
         """release: how a view of a memory map drops a range's resident pages (GGUFFile.release); owned
-        memory has none (dropping its pages would lose the data)."""
+        memory has none (dropping its pages would lose the data). fileno: for a view of a whole mapped
+        file, a descriptor of that file, byte offsets the same: a kernel may read rows with pread
+        from it, which maps no pages (the token embedding's get_rows)."""
         self.array = array if array.dtype == np.uint8 else array.view(np.uint8)
         self.size = self.array.nbytes
         self.backend_name = backend_name
         self._release = release
+        self.fileno = fileno
 
     @classmethod
     def allocate(cls, size: int, backend_name: str = "cpu", alignment: int = 64) -> "HostBuffer":

@@ -16,6 +16,7 @@ import math
 import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -50,6 +51,9 @@ class GGUFFile:
         try:
             with open(self.path, "rb") as f:
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
+            # Kept open for pread: rows read from it map no pages (backends_builtin/cpu/file_rows.py).
+            self.fileno = os.open(self.path, os.O_RDONLY)
+            weakref.finalize(self, os.close, self.fileno)
             self._parse(keep, tensors)
             self.release(0, self.pos)   # the header now lives in self.fields; kv_entry re-reads what it needs
         except ModelLoadError:

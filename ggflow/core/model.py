@@ -81,7 +81,7 @@ class Model:
         except UnknownNameError as exc:
             raise ModelLoadError(f"{path}: {exc}") from None
         hparams = arch.load_hparams(meta)
-        buffer = HostBuffer(file.data(), "cpu", release=file.release)
+        buffer = HostBuffer(file.data(), "cpu", release=file.release, fileno=file.fileno)
         weights = _map_weights(file, buffer)
         w = load_weights(arch.weights, hparams, weights, path)
         return cls(path, file, arch, hparams, weights, w, buffer)

@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from ggflow.backends_builtin.cpu.c_arith import f32_bits_to_f16_bits
+from ggflow.backends_builtin.cpu.file_rows import pread_rows
 from ggflow.backends_builtin.cpu.arrays import TensorArrays, from_f32, is_native_float, store, to_f32
 from ggflow.core.tensor import Tensor
 from ggflow.errors import BackendError
@@ -58,12 +59,38 @@ def bind_get_rows(node: Tensor, arrays: TensorArrays) -> Kernel:
     a_view = arrays.view(a)                   # (a3, a2, n_rows, ne0 or row bytes)
     ids_view = arrays.view(rows)[0]           # (r2, r1, r0) with r2 = a3 and r1 = a2
     out = arrays.view(node)                   # (r2, r1, r0, ne0)
+    if _file_backed_matrix(a, a_view):
+        return _bind_get_file_rows(node, a, a_view, ids_view, out)
     batch3 = np.arange(ids_view.shape[0])[:, None, None]
     batch2 = np.arange(ids_view.shape[1])[None, :, None]
 
     def run() -> None:
         check_row_ids(ids_view, a.ne[1], node)
         store(out, to_f32(a_view[batch3, batch2, ids_view], a.type), node.type)
+    return run
+
+
+def _file_backed_matrix(a: Tensor, a_view: np.ndarray) -> bool:
+    """Whether a is a 2-D matrix whose rows can be read from its file with pread (file_rows.py): its buffer
+    maps a file it has a descriptor of, and the plan reads it there (not from a copy on this backend)."""
+    buffer = a.buffer
+    return (getattr(buffer, "fileno", None) is not None and a.ne[2] == 1 and a.ne[3] == 1 and a.is_contiguous()
+            and a_view.ctypes.data == buffer.host_array().ctypes.data + a.offset)
+
+
+def _bind_get_file_rows(node: Tensor, a: Tensor, a_view: np.ndarray, ids_view: np.ndarray,
+                        out: np.ndarray) -> Kernel:
+    fileno, row_bytes, n_rows = a.buffer.fileno, a.nb[1], a.ne[1]
+    raw = np.empty((ids_view.size, row_bytes), np.uint8)
+    rows = raw.view(a_view.dtype).reshape(*ids_view.shape, a_view.shape[-1])
+
+    def run() -> None:
+        check_row_ids(ids_view, n_rows, node)
+        failed = pread_rows(fileno, a.offset, row_bytes, ids_view, raw)
+        if failed >= 0:
+            raise BackendError(f"{node.op} {node.name!r}: could not read row {int(ids_view.reshape(-1)[failed])} "
+                               f"of {a.name!r} from its file (was the file truncated or removed?)")
+        store(out, to_f32(rows, a.type), node.type)
     return run
 
 
