@@ -18,6 +18,7 @@ import pytest
 import ggflow
 from ggflow.backends_builtin.cpu import _qmm_act as act
 from ggflow.backends_builtin.cpu import quant_matmul as qmm
+from ggflow.backends_builtin.cpu._qmm_quads import quads_are_exact
 from ggflow.core.types import type_traits
 from ggflow.errors import BackendError, ShapeError
 
@@ -201,8 +202,11 @@ def test_quantized_matmul_equals_ggml_integer_dot_on_its_own_quantized_activatio
 
 
 def batch_paths(w_type: str) -> list[str]:
-    """The batched kernels a type has: the tile one, the pairs one, and quads where it brings decode_quads."""
-    return ["tile", "pairs"] + (["quads"] if qmm.cpu_pieces(type_traits(w_type)).decode_quads else [])
+    """The batched kernels a type has: the tile one, the pairs one, and quads where it brings decode_quads
+    (and they are exact for its bias here: Q8_0's whole signed bytes need VNNI)."""
+    pieces = qmm.cpu_pieces(type_traits(w_type))
+    quads = pieces.decode_quads is not None and quads_are_exact(pieces.quad_bias)
+    return ["tile", "pairs"] + (["quads"] if quads else [])
 
 
 # 2: the matvec (tile), one pass of two (quads); 3: one token per pass (tile), a pass of two and one more
@@ -221,6 +225,27 @@ def test_every_batched_path_gives_the_matvec_results_bit_for_bit(w_type, n):
         batched = np.full((n, pw.rows), np.nan, np.float32)
         pw.drivers.get(False, path)(*kernel_args(pw, x), batched)
         np.testing.assert_array_equal(batched, one_by_one, err_msg=f"the {path} kernel")
+
+
+def test_q8_0_quads_are_exact_at_the_extremes_of_a_signed_byte():
+    # every weight -128 or 127 (stored + 128: 0 or 255) against activations quantized to +-127: the
+    # largest products and bias corrections a Q8_0 block can hold, in every group
+    if not quads_are_exact(128):
+        pytest.skip("no AVX512-VNNI here: Q8_0's quads (bias 128) would overflow AVX2's int16 pair sums")
+    rows, k, n = 32, 256, 5
+    rng = np.random.default_rng(3)
+    blocks = np.zeros((rows, k // 32, 34), np.uint8)
+    blocks[:, :, 0:2] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)
+    blocks[:, :, 2:] = np.where(rng.random((rows, k // 32, 32)) < 0.5, -128, 127).astype(np.int8).view(np.uint8)
+    pw = qmm.pack_weight(blocks.reshape(rows, -1), "Q8_0")
+    x = np.where(rng.random((n, k)) < 0.5, -1.0, 1.0).astype(np.float32)     # quantizes to +-127
+    one_by_one = np.concatenate([run(pw, x[i:i + 1]) for i in range(n)])
+    quads = np.full((n, rows), np.nan, np.float32)
+    pw.drivers.get(False, "quads")(*kernel_args(pw, x), quads)
+    np.testing.assert_array_equal(quads, one_by_one)
+    # against float64 (d 0.5; x's scale 1/127 is stored in f16, 6e-5 off): within 1e-3 of sum |x * w|
+    want = x @ np.where(blocks[:, :, 2:].view(np.int8).reshape(rows, k) < 0, -64.0, 63.5).T
+    np.testing.assert_allclose(quads, want, rtol=0, atol=1e-3 * k * 64)
 
 
 @pytest.mark.parametrize("w_type, quads_from", [("Q4_K", 2), ("Q5_0", 8)])

@@ -22,6 +22,8 @@ each lane), which LLVM lowers as well as the target allows.
 """
 from __future__ import annotations
 
+import functools
+
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -41,6 +43,16 @@ _I16 = ir.IntType(16)
 _PAIRS16 = ir.VectorType(_I16, 2 * LANES)         # 32 int16 lanes: AVX2's pair sums of 16 rows
 _HALF8 = ir.VectorType(_I8, 32)
 _HALF16 = ir.VectorType(_I16, 16)
+
+
+@functools.cache
+def quads_are_exact(bias: int) -> bool:
+    """Whether quad_sums is exact for weights biased by ``bias``: always where the products add in 32 bits
+    (VNNI, plain IR); on AVX2 vpmaddubsw sums two products in a saturating int16, which a whole signed
+    byte's range (bias 128: up to 2 * 255 * 127) overflows, so there the pieces' int16 bound must hold."""
+    from numba.core.registry import cpu_target
+    features = _target_features(cpu_target.target_context)
+    return bias < 128 or _VNNI in features or "+avx2" not in features
 
 
 def _products(builder, features, w, x):

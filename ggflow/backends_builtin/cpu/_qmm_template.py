@@ -59,7 +59,7 @@ from numba.extending import overload
 from ggflow.backends_builtin.cpu._qmm_int16 import wide_vectors
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile
 from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums, pairs_are_fast
-from ggflow.backends_builtin.cpu._qmm_quads import quad_sums
+from ggflow.backends_builtin.cpu._qmm_quads import quad_sums, quads_are_exact
 from ggflow.backends_builtin.cpu._qmm_token_sums import token_sums
 
 F32 = np.float32
@@ -321,9 +321,10 @@ def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
     p = _pieces_of(kind)
     if p is None or p.decode_quads is None:
         return None
-    decode_quads, accumulate, bias = p.decode_quads, p.accumulate, p.quad_bias
-    qk, groups = p.block_size, p.groups
-    quads_per_group = qk // groups // 4
+    decode_quads, accumulate, bias = p.decode_quads, p.accumulate_quads or p.accumulate, p.quad_bias
+    qk, qgroups = p.block_size, p.quad_group_count
+    groups = qgroups if p.accumulate_quads is not None else p.groups   # the sums accumulate reads
+    quads_per_group = qk // qgroups // 4
 
     def impl(kind, t, w, x8, xs, dx, xe, out):
         wide_vectors()
@@ -331,19 +332,19 @@ def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
         n = out.shape[0]
         acc = np.zeros((n, R), F32)
         wq = np.empty((qk // 4, R), I32)
-        sums = np.empty((QUAD_TOKENS, groups, R), I32)
+        sums = np.zeros((QUAD_TOKENS, groups, R), I32)   # groups past qgroups stay 0: accumulate adds them
         for b in range(nb):
             decode_quads(w, t, b, wq)
             for i in range(0, n - n % QUAD_TOKENS, QUAD_TOKENS):
-                for g in range(groups):
+                for g in range(qgroups):
                     quad_sums(wq, x8, i, QUAD_TOKENS, b * qk, g * quads_per_group, quads_per_group, sums, g, R,
-                              xs, b * groups + g, bias)
+                              xs, b * qgroups + g, bias)
                 for u in range(QUAD_TOKENS):
                     accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
             for i in range(n - n % QUAD_TOKENS, n):
-                for g in range(groups):
+                for g in range(qgroups):
                     quad_sums(wq, x8, i, 1, b * qk, g * quads_per_group, quads_per_group, sums, g, R,
-                              xs, b * groups + g, bias)
+                              xs, b * qgroups + g, bias)
                 accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
         for i in range(n):
             _store_tile(acc[i], out, i, t)
@@ -361,7 +362,7 @@ def _ov_activation_group_sums(kind, x8):
     p = _pieces_of(kind)
     if p is None:
         return None
-    gsize = p.block_size // p.groups
+    gsize = p.block_size // p.quad_group_count
 
     if not p.quad_bias:
         return lambda kind, x8: np.zeros((1, 1), I32)
@@ -408,11 +409,12 @@ Kernel = Callable[..., None]
 
 def batch_path(kind: str, n_tokens: int) -> str:
     """Which kernel a product of n_tokens of the type ``kind`` names (register_pieces) runs, all giving the
-    same bits: "quads" from the type's quads_from where it has decode_quads, "pairs" from PAIRS_MIN_TOKENS
+    same bits: "quads" from the type's quads_from where it has decode_quads (and they are exact for its bias
+    on this target: ``_qmm_quads.quads_are_exact``), "pairs" from PAIRS_MIN_TOKENS
     where the target has AVX-512 (``_qmm_pairs.pairs_are_fast``), else "tile" (the matvec up to
     MATVEC_MAX_TOKENS, then decoded blocks)."""
     pieces = _PIECES[kind]     # the pieces the kind was compiled with, even if the type was registered again
-    if pieces.decode_quads is not None and n_tokens >= pieces.quads_from:
+    if pieces.decode_quads is not None and n_tokens >= pieces.quads_from and quads_are_exact(pieces.quad_bias):
         return "quads"
     if n_tokens >= PAIRS_MIN_TOKENS and pairs_are_fast():
         return "pairs"

@@ -14,7 +14,9 @@ Q8_K), and the skeleton calls the type's pieces for each block ``b`` of each til
     decode_quads(w, t, b, wq)             optional: block b of tile t as byte quads, wq (block_size // 4,
                                           TILE) int32, lane wq[j, r] = elements 4j .. 4j+3 of row r as
                                           unsigned bytes, each value + quad_bias (signed types: Q6_K's 32);
-                                          half a group's products (value + bias) * 128 must fit int16
+                                          half a group's products (value + bias) * 128 must fit int16 (on
+                                          AVX2; bias 128, a whole signed byte as Q8_0's, takes the quads
+                                          only where they add in 32 bits: AVX512-VNNI, not AVX2)
 
 ``w`` is the tuple ``pack`` returned. Groups are consecutive runs of ``block_size // groups`` elements
 whose products fit int16 (|q * x| summed over the group below 2**15); for batches the skeleton forms
@@ -52,20 +54,31 @@ class BlockPieces:
     decode_quads: Callable | None = None   # optional: batches in byte quads (vpdpbusd), see below
     quad_bias: int = 0       # what decode_quads adds to each value to make it an unsigned byte (Q6_K: 32)
     quads_from: int = 3      # products of this many tokens or more take the quads kernel (measured per type)
+    quad_groups: int = 0     # the groups the quads kernel sums apart (0: groups); fewer where a group is under
+                             # a quad, or one sum a block is enough (Q8_0: int16 pairs for block_sums, one int32 for quads)
+    accumulate_quads: Callable | None = None   # accumulate for the quads' quad_groups sums (None: accumulate,
+                                               # reading groups - quad_groups zeros)
 
     def __post_init__(self):
         if self.groups < 2 or self.groups % 2 or self.block_size % self.groups:
             raise ValueError(f"BlockPieces: groups={self.groups} must be even and divide block_size={self.block_size}")
-        if self.decode_quads is not None and (self.block_size // self.groups) % 4:
+        if self.quad_groups and (self.quad_groups > self.groups or self.block_size % self.quad_groups):
+            raise ValueError(f"BlockPieces: quad_groups={self.quad_groups} must divide block_size="
+                             f"{self.block_size} and be at most groups={self.groups}")
+        if self.decode_quads is not None and (self.block_size // self.quad_group_count) % 4:
             raise ValueError(f"BlockPieces: decode_quads needs groups of a multiple of 4 elements, got "
-                             f"{self.block_size // self.groups}")
+                             f"{self.block_size // self.quad_group_count}")
         if self.quads_from < 1:
             raise ValueError(f"BlockPieces: quads_from={self.quads_from} must be at least 1 token")
-        if not 0 <= self.quad_bias < 128:
-            raise ValueError(f"BlockPieces: quad_bias={self.quad_bias} must be in [0, 128)")
+        if not 0 <= self.quad_bias <= 128:
+            raise ValueError(f"BlockPieces: quad_bias={self.quad_bias} must be in [0, 128]")
+
+    @property
+    def quad_group_count(self) -> int:
+        return self.quad_groups or self.groups
 
     def functions(self) -> tuple[Callable, ...]:
-        extra = (self.decode_quads,) if self.decode_quads is not None else ()
+        extra = tuple(f for f in (self.decode_quads, self.accumulate_quads) if f is not None)
         return (self.pack, self.block_sums, self.decode, self.accumulate) + extra
 
 
