@@ -23,6 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+# Every server gets the caller's environment: importing ggflow here (for the default model's path) sets its
+# OpenMP wait default in os.environ, which a baseline checkout or llama-server (libgomp too) would inherit.
+CALLER_ENV = dict(os.environ)
+
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "Three primary colors are",
            "The history of the Roman empire", "In a distant galaxy", "The recipe for bread starts with",
            "Machine learning is"]
@@ -120,18 +124,19 @@ def main() -> int:
             port = free_port()
             servers[name] = (f"http://127.0.0.1:{port}", start(
                 [sys.executable, "-m", "ggflow.cli", "serve", "-m", model, "--port", str(port),
-                 "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)], port, name, log_dir, env))
+                 "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)], port, name, log_dir,
+                env or CALLER_ENV))
 
         ggflow_serve("ggflow")
         if os.environ.get("GGFLOW_BASELINE"):   # the same server from another checkout (before/after a change)
             baseline = os.path.abspath(os.environ["GGFLOW_BASELINE"])
-            ggflow_serve("ggflow-baseline", {**os.environ, "PYTHONPATH": baseline})
+            ggflow_serve("ggflow-baseline", {**CALLER_ENV, "PYTHONPATH": baseline})
         if os.environ.get("LLAMA_SERVER"):
             port = free_port()
             servers["llama-server"] = (f"http://127.0.0.1:{port}", start(
                 [os.environ["LLAMA_SERVER"], "-m", model, "--host", "127.0.0.1", "--port", str(port),
                  "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads), "-tb", str(args.threads),
-                 "--no-warmup"], port, "llama-server", log_dir))
+                 "--no-warmup"], port, "llama-server", log_dir, CALLER_ENV))
         levels = [int(c) for c in args.clients.split(",")]
         for clients in levels:                        # warm-up: graphs and kernels for each batch size
             for base, _ in servers.values():

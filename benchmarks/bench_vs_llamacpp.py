@@ -5,7 +5,7 @@ alternating order), so drifting machine load hits both alike. A cell is the medi
 every round; the ratio is ggflow / llama.cpp. Peak RSS: llama.cpp's is the child's maximum resident set as
 the kernel reports it at exit (wait4's rusage, the figure /usr/bin/time -v prints), ggflow's its own report.
     LLAMA_BENCH=path/to/llama-bench python benchmarks/bench_vs_llamacpp.py [MODEL.gguf ...]
-        [--threads 1 2] [--rounds 3] [-r 3] [-p 64] [-n 32]
+        [--threads 1 2] [--rounds 3] [-r 3] [-p 64] [-n 32] [-d 0]
 With no model, the default one (ggflow.api.default_model_path()).
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def run_child(cmd: list[str]) -> tuple[int, str, str, float]:
 
 def bench_llamacpp(binary: str, model: str, args: argparse.Namespace, threads: int, into: Samples) -> None:
     cmd = [binary, "-m", model, "-p", str(args.n_prompt), "-n", str(args.n_gen), "-t", str(threads),
-           "-r", str(args.repetitions), "-o", "json"]
+           "-r", str(args.repetitions), "-d", str(args.n_depth), "-o", "json"]
     rc, out, err, rss = run_child(cmd)
     if rc != 0:
         into.errors.append(f"llama-bench exit {rc}: {err.strip().splitlines()[-1:] or ''}")
@@ -63,7 +63,7 @@ def bench_llamacpp(binary: str, model: str, args: argparse.Namespace, threads: i
 
 def bench_ggflow(model: str, args: argparse.Namespace, threads: int, into: Samples) -> None:
     cmd = [sys.executable, "-m", "ggflow.cli", "bench", "-m", model, "-p", str(args.n_prompt),
-           "-n", str(args.n_gen), "-t", str(threads), "-r", str(args.repetitions), "--json"]
+           "-n", str(args.n_gen), "-t", str(threads), "-r", str(args.repetitions), "-d", str(args.n_depth), "--json"]
     rc, out, err, _ = run_child(cmd)
     if rc != 0:
         into.errors.append(f"ggflow bench exit {rc}: {err.strip().splitlines()[-1:] or ''}")
@@ -87,7 +87,8 @@ def ratio(ours: float | None, theirs: float | None) -> str:
 
 
 def table(cells: dict[tuple[str, int], tuple[Samples, Samples]], args: argparse.Namespace) -> str:
-    pp, tg = f"pp{args.n_prompt}", f"tg{args.n_gen}"
+    at = f" @ d{args.n_depth}" if args.n_depth else ""
+    pp, tg = f"pp{args.n_prompt}{at}", f"tg{args.n_gen}{at}"
     lines = [f"| model | threads | llama.cpp {pp} | ggflow {pp} | ratio | llama.cpp {tg} | ggflow {tg} | ratio "
              f"| peak RSS MiB llama.cpp / ggflow |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -109,6 +110,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions per engine per round")
     ap.add_argument("-p", "--n-prompt", type=int, default=64)
     ap.add_argument("-n", "--n-gen", type=int, default=32)
+    ap.add_argument("-d", "--n-depth", type=int, default=0, help="tokens in the KV cache before each test")
     args = ap.parse_args(argv)
     if not args.llama_bench:
         ap.error("no llama-bench: pass --llama-bench PATH or set LLAMA_BENCH")

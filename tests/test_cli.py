@@ -39,6 +39,7 @@ def one_line_error(capsys) -> str:
     (["run", "--cache-type-k", "q9"], "--cache-type-k", "'Q9'", "'F16', 'F32'"),
     (["bench", "-r", "0"], "-r/--repetitions", "0", ">= 1"),
     (["bench", "-p", "-1"], "-p/--n-prompt", "-1", ">= 0"),
+    (["bench", "-d", "-3"], "-d/--n-depth", "-3", ">= 0"),
     (["warmup", "-b", "0"], "-b/--ubatch-size", "0", ">= 1"),
     (["serve", "-np", "0"], "-np/--parallel", "0", ">= 1"),
     (["serve", "--port", "70000"], "--port", "70000", "0..65535"),
@@ -318,3 +319,24 @@ def test_warmup_compiles_so_the_next_run_compiles_nothing(tmp_path):
     after = subprocess.run([sys.executable, "-m", "ggflow.cli", "run", "-n", "4", "-c", "64"],
                            capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
     assert after.returncode == 0 and "compiling" not in after.stderr, after.stderr
+
+
+def test_bench_at_a_depth_names_its_tests_as_llama_bench_does_and_starts_each_run_there(tiny_model_path, capsys,
+                                                                                     monkeypatch):
+    import json
+
+    from ggflow.core.context import Context
+    starts = []
+    decode = Context.decode
+
+    def spy(self, batch):
+        starts.append((int(batch.pos[0]), batch.n_tokens))
+        return decode(self, batch)
+    monkeypatch.setattr(Context, "decode", spy)
+    assert main(["bench", "-m", str(tiny_model_path("llama")), "-p", "4", "-n", "3", "-d", "40", "-r", "2",
+                 "-t", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in report["results"]] == ["pp4 @ d40", "tg3 @ d40"]
+    # the 40-token prefix once, then every run (warm-up + 2 repetitions) from position 40
+    assert starts.count((0, 40)) == 1
+    assert starts.count((40, 4)) == 3 and starts.count((40, 1)) == 3 and starts.count((42, 1)) == 3

@@ -24,6 +24,8 @@ def add_parser(subparsers: Any) -> None:
                         help="prompt tokens per pp test (0: skip)")
     parser.add_argument("-n", "--n-gen", type=int_at_least(0, "0: skip"), default=32,
                         help="generated tokens per tg test (0: skip)")
+    parser.add_argument("-d", "--n-depth", type=int_at_least(0), default=0,
+                        help="tokens already in the KV cache when each test runs (llama-bench's -d)")
     parser.add_argument("-r", "--repetitions", type=int_at_least(1), default=3)
     parser.add_argument("-t", "--threads", type=int_at_least(1), default=None)
     parser.add_argument("--backend", default="cpu", help="backend name(s), comma separated (default: cpu)")
@@ -40,23 +42,33 @@ def run(args: argparse.Namespace) -> int:
 
     path = model_path(args)
     model = Model.load(path)
-    n_ctx = max(256, args.n_prompt + args.n_gen + 1)
+    depth = args.n_depth
+    n_ctx = max(256, depth + args.n_prompt + args.n_gen + 1)
     ctx = Context(model, n_ctx=n_ctx, backends=backend_names(args.backend), n_threads=args.threads,
                   type_k=args.cache_type_k, type_v=args.cache_type_v)
     rng = np.random.default_rng(0)
 
-    def pp() -> float:
+    def at_depth() -> None:
+        """The cache holding ``depth`` tokens, and nothing after them: filled once, trimmed for each run."""
+        if depth and ctx.memory.seq_pos_max(0) >= depth - 1:
+            ctx.memory.seq_rm(0, depth, -1)
+            return
         ctx.clear()
+        if depth:
+            ctx.decode(Batch.from_tokens(rng.integers(0, model.hparams.n_vocab, depth)))
+
+    def pp() -> float:
+        at_depth()
         tokens = rng.integers(0, model.hparams.n_vocab, args.n_prompt)
         t0 = time.perf_counter()
-        ctx.decode(Batch.from_tokens(tokens))
+        ctx.decode(Batch.from_tokens(tokens, pos0=depth))
         return args.n_prompt / (time.perf_counter() - t0)
 
     def tg() -> float:
-        ctx.clear()
+        at_depth()
         token = int(rng.integers(0, model.hparams.n_vocab))
         t0 = time.perf_counter()
-        for pos in range(args.n_gen):
+        for pos in range(depth, depth + args.n_gen):
             ctx.decode(Batch.from_tokens([token], pos0=pos))
         return args.n_gen / (time.perf_counter() - t0)
 
@@ -66,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         test()  # warm-up: compiles kernels, packs weights, builds the graph
         speeds = [test() for _ in range(max(1, args.repetitions))]
-        results.append({"test": f"{name}{n}", "tokens_per_second": statistics.mean(speeds),
+        label = f"{name}{n}" + (f" @ d{depth}" if depth else "")      # llama-bench's names
+        results.append({"test": label, "tokens_per_second": statistics.mean(speeds),
                         "stddev": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
                         "median": statistics.median(speeds), "runs": speeds})
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -82,10 +95,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"model: {info['model']} ({info['size_mb']:.1f} MiB, {info['params_m']:.1f} M params), "
           f"backend: {info['backend']}, threads: {args.threads or 'all'}")
-    print(f"| {'test':>8} | {'t/s':>18} |")
-    print(f"| {'-' * 8} | {'-' * 18} |")
+    width = max([8] + [len(r["test"]) for r in results])
+    print(f"| {'test':>{width}} | {'t/s':>18} |")
+    print(f"| {'-' * width} | {'-' * 18} |")
     for r in results:
-        print(f"| {r['test']:>8} | {r['tokens_per_second']:8.2f} ± {r['stddev']:7.2f} |")
+        print(f"| {r['test']:>{width}} | {r['tokens_per_second']:8.2f} ± {r['stddev']:7.2f} |")
     in_rss = "" if mapped is None else f", {info['model_mapped_mb']:.0f} MiB of it mapped at the end"
     print(f"peak RSS: {peak_rss_mb:.0f} MiB (model file {info['size_mb']:.0f} MiB{in_rss}, KV cache "
           f"{info['kv_cache_mb']:.1f} MiB)", file=sys.stderr)
