@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import mmap
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -104,3 +105,39 @@ def test_absent_optional_weights_are_none_and_present_ones_are_filled(tiny_dir):
     assert llama.w.output is llama.weights["output.weight"]
     assert qwen2.w.output is None                                  # tied to token_embd
     assert qwen2.w.layers[1].bv is qwen2.weights["blk.1.attn_v.bias"]
+
+
+def test_a_models_long_metadata_arrays_are_decoded_from_the_file_when_read(tiny_model_path, monkeypatch):
+    from ggflow.core import gguf_file
+    from ggflow.core.gguf_file import GGUFFile, LazyValue
+
+    monkeypatch.setattr(gguf_file, "LAZY_ARRAY_MIN", 8)     # the tiny model's vocabulary counts as long
+    path = tiny_model_path("llama")
+    model = Model.load(path)
+    eager = GGUFFile(path).fields
+    held = model.file.fields._values
+    assert isinstance(held["tokenizer.ggml.tokens"], LazyValue)
+    assert not isinstance(held["general.architecture"], LazyValue)
+    assert list(model.file.fields) == list(eager)
+    for key, value in eager.items():
+        np.testing.assert_array_equal(np.asarray(model.file.fields[key], dtype=object),
+                                      np.asarray(value, dtype=object), err_msg=key)
+    monkeypatch.setattr(gguf_file, "LAZY_ARRAY_MIN", 1 << 30)
+    assert model.vocab.tokenize("hello world") == Model.load(path).vocab.tokenize("hello world")
+
+
+def test_a_lazy_array_that_does_not_decode_is_a_load_error(tiny_model_path, tmp_path, monkeypatch):
+    from ggflow.core import gguf_file
+
+    monkeypatch.setattr(gguf_file, "LAZY_ARRAY_MIN", 8)
+    data = bytearray(Path(tiny_model_path("llama")).read_bytes())
+    model = Model.load(tiny_model_path("llama"))
+    lazy = model.file.fields._values["tokenizer.ggml.tokens"]
+    first_string = lazy.at + 4 + 8 + 8          # element type, count, the first string's length
+    data[first_string] = 0xFF                    # not UTF-8
+    bad = tmp_path / "bad-vocab.gguf"
+    bad.write_bytes(bytes(data))
+    # the token list is decoded (and dropped) while loading, to check it against the vocabulary size: a
+    # broken one is refused there, as when it was held
+    with pytest.raises(ModelLoadError, match="not a readable GGUF file.*UnicodeDecodeError"):
+        Model.load(bad)

@@ -72,7 +72,7 @@ class Model:
         from ggflow.plugins.manager import get_plugin_manager
 
         path = str(path)
-        file = GGUFFile(path)
+        file = GGUFFile(path, lazy_arrays=True)   # the vocabulary's arrays: read when a tokenizer is built
         meta = Metadata(file.fields, path, file.types)
         if not meta.arch:
             raise ModelLoadError(f"{path}: general.architecture is missing")
