@@ -16,9 +16,10 @@ import math
 import mmap
 import os
 import struct
+import threading
 import weakref
-from dataclasses import dataclass
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -81,6 +82,7 @@ class GGUFFile:
         merges as Python strings: 30 MiB that a process which never tokenizes, bench, need not hold)."""
         self.path = str(path)
         self._lazy_arrays = lazy_arrays
+        self._decoding = threading.Lock()   # decode() moves the parser's position
         if not os.path.isfile(self.path):
             raise ModelLoadError(f"{self.path}: no such file")
         self.size = os.path.getsize(self.path)
@@ -208,14 +210,15 @@ class GGUFFile:
 
     def decode(self, lazy: "LazyValue") -> Any:
         """A value parse() left in the file (lazy_arrays), decoded now; its pages given back after."""
-        saved, self.pos = self.pos, lazy.at
-        try:
-            return self._value(lazy.vtype, True)
-        except (ValueError, struct.error, IndexError, UnicodeDecodeError) as exc:
-            raise ModelLoadError(f"{self.path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
-        finally:
-            self.pos = saved
-            self.release(lazy.at, lazy.end - lazy.at)
+        with self._decoding:
+            saved, self.pos = self.pos, lazy.at
+            try:
+                return self._value(lazy.vtype, True)
+            except (ValueError, struct.error, IndexError, UnicodeDecodeError) as exc:
+                raise ModelLoadError(f"{self.path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+            finally:
+                self.pos = saved
+                self.release(lazy.at, lazy.end - lazy.at)
 
     # -- access ----------------------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
