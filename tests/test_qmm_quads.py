@@ -107,4 +107,7 @@ def test_decode_quads_needs_groups_of_whole_quads():
                     quads_from=0)
     with pytest.raises(ValueError, match="quad_bias"):
         BlockPieces(32, 2, pieces.pack, pieces.block_sums, pieces.decode, pieces.accumulate, pieces.decode_quads,
-                    quad_bias=128)
+                    quad_bias=129)
+    with pytest.raises(ValueError, match="quad_groups"):
+        BlockPieces(32, 2, pieces.pack, pieces.block_sums, pieces.decode, pieces.accumulate, pieces.decode_quads,
+                    quad_groups=3)

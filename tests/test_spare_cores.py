@@ -131,3 +131,4 @@ def test_a_plan_runs_on_the_threads_the_load_leaves(monkeypatch):
     CPUPlan([lambda: seen.append(numba.get_num_threads())], n_threads=2)()
     assert seen == [1, 2]
     assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS   # restored after the plan
+    assert spare_cores.in_use == 0                                     # and no plan is running

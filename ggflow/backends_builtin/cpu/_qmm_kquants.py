@@ -25,7 +25,8 @@ import numpy as np
 from numba import njit
 
 from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, word_pair
-from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_field, tile_rows
+from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
+from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_bits, tile_rows
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 
 F32 = np.float32
@@ -65,7 +66,7 @@ def _q3_scales(s: np.ndarray) -> np.ndarray:
 def pack_q2_k(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // QK, 84)
     return (_words(blocks, 16, 64), tile_rows(np.ascontiguousarray(blocks[:, :, 0:16])),
-            tile_rows(f16_field(blocks, 80)), tile_rows(f16_field(blocks, 82)))
+            tile_rows(f16_bits(blocks, 80)), tile_rows(f16_bits(blocks, 82)))
 
 
 def _q3_as_nibbles(blocks: np.ndarray) -> np.ndarray:
@@ -91,27 +92,27 @@ def _q3_as_nibbles(blocks: np.ndarray) -> np.ndarray:
 
 def pack_q3_k(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // QK, 110)
-    return _q3_as_nibbles(blocks), tile_rows(_q3_scales(blocks[:, :, 96:108])), tile_rows(f16_field(blocks, 108))
+    return _q3_as_nibbles(blocks), tile_rows(_q3_scales(blocks[:, :, 96:108])), tile_rows(f16_bits(blocks, 108))
 
 
 def pack_q4_k(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // QK, 144)
     sc, mn = _k4_scales_mins(blocks[:, :, 4:16])
-    return (_words(blocks, 16, 128), tile_rows(sc), tile_rows(mn), tile_rows(f16_field(blocks, 0)),
-            tile_rows(f16_field(blocks, 2)))
+    return (_words(blocks, 16, 128), tile_rows(sc), tile_rows(mn), tile_rows(f16_bits(blocks, 0)),
+            tile_rows(f16_bits(blocks, 2)))
 
 
 def pack_q5_k(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // QK, 176)
     sc, mn = _k4_scales_mins(blocks[:, :, 4:16])
     return (_words(blocks, 48, 128), _words(blocks, 16, 32), tile_rows(sc), tile_rows(mn),
-            tile_rows(f16_field(blocks, 0)), tile_rows(f16_field(blocks, 2)))
+            tile_rows(f16_bits(blocks, 0)), tile_rows(f16_bits(blocks, 2)))
 
 
 def pack_q6_k(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // QK, 210)
     return (_words(blocks, 0, 128), _words(blocks, 128, 64),
-            tile_rows(np.ascontiguousarray(blocks[:, :, 192:208]).view(np.int8)), tile_rows(f16_field(blocks, 208)))
+            tile_rows(np.ascontiguousarray(blocks[:, :, 192:208]).view(np.int8)), tile_rows(f16_bits(blocks, 208)))
 
 
 # ---------------------------------------------------------------------------------------- bit helpers
@@ -264,7 +265,7 @@ def _acc_q2_k(acc, part, sc, d, dmin, dy, bsums, i, b):
             s = I32(sc[g, r])
             isum = I32(isum + (s & 15) * I32(part[g, r]))
             summ = I32(summ + (s >> 4) * bsums[i, 16 * b + g])
-        acc[r] += (dy * d[r]) * F32(isum) - (dy * dmin[r]) * F32(summ)
+        acc[r] += (dy * f16_bits_to_f32(d[r])) * F32(isum) - (dy * f16_bits_to_f32(dmin[r])) * F32(summ)
 
 
 @njit(cache=True, inline="always")
@@ -274,7 +275,7 @@ def _acc_q3_k(acc, part, sc, d, dy, bsums, i, b):
         isum = I32(0)
         for g in range(16):
             isum = I32(isum + I32(sc[g, r]) * (I32(part[g, r]) - 4 * bsums[i, 16 * b + g]))
-        acc[r] += (dy * d[r]) * F32(isum)
+        acc[r] += (dy * f16_bits_to_f32(d[r])) * F32(isum)
 
 
 @njit(cache=True, inline="always")
@@ -289,7 +290,7 @@ def _acc_k4(acc, part, per_sub, sc, mn, d, dmin, dy, bsums, i, b):
                 s = I32(s + I32(part[per_sub * sb + p, r]))
             isum = I32(isum + I32(sc[sb, r]) * s)
             summ = I32(summ + I32(mn[sb, r]) * (bsums[i, 16 * b + 2 * sb] + bsums[i, 16 * b + 2 * sb + 1]))
-        acc[r] += (dy * d[r]) * F32(isum) - (dy * dmin[r]) * F32(summ)
+        acc[r] += (dy * f16_bits_to_f32(d[r])) * F32(isum) - (dy * f16_bits_to_f32(dmin[r])) * F32(summ)
 
 
 @njit(cache=True, inline="always")
@@ -299,7 +300,7 @@ def _acc_q6_k(acc, part, w, t, b, dx, xe, i):      # w: ql, qh, sc, d
         isum = I32(0)
         for g in range(16):
             isum += I32(sc[g, r]) * (I32(part[2 * g, r]) + I32(part[2 * g + 1, r]))
-        acc[r] += (dy * d[r]) * F32(isum)
+        acc[r] += (dy * f16_bits_to_f32(d[r])) * F32(isum)
 
 
 # -------------------------------------------------------------------------------- batched decoding

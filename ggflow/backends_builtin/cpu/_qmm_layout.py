@@ -38,6 +38,12 @@ def tile_rows(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(a, 1, -1))
 
 
+def f16_bits(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """The float16 at byte ``offset`` of each block, kept as its 16 bits (uint16): the kernels widen it with
+    ``_qmm_float.f16_bits_to_f32`` (vcvtph2ps), and the packed weight is no bigger than the file's blocks."""
+    return np.ascontiguousarray(blocks[..., offset:offset + 2]).view(np.uint16)[..., 0]
+
+
 def f16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
     """The float16 at byte ``offset`` of each block, as float32. blocks: (rows, nb, type_size) uint8."""
     return np.ascontiguousarray(blocks[..., offset:offset + 2]).view(np.float16)[..., 0].astype(np.float32)

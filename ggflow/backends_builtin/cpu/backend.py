@@ -45,6 +45,7 @@ class CPUPlan:
                 for kernel in self.kernels:
                     kernel()
         finally:
+            spare_cores.in_use = 0      # no plan running: a product called on its own chooses freely
             if numba.get_num_threads() != previous:
                 numba.set_num_threads(previous)
 

@@ -94,7 +94,7 @@ def _own_cpu_seconds() -> float:
 
 
 _shared: SpareCores | None = None
-in_use = 0      # the threads of the plan running now (0: none yet); kernels that choose a way read it
+in_use = 0      # the threads of the plan running now (0: none); kernels that choose a way read it
 
 
 def threads_now(wanted: int) -> int:
