@@ -16,8 +16,8 @@ weights take activations rounded to F16 / BF16; F32 weights take them as they ar
 
 Quantized weights are repacked once into a row-tiled layout (see ``_qmm_layout``), in runs of
 ``PACK_CHUNK_ROWS`` rows: a copy the size of the GGUF data for the 32-element types (f16 scales kept as
-f16), +0% to +3% for the K types (6-bit scales unpacked to bytes, f16 super-block scales kept as f16;
-Q3_K +34%, its quants widened to nibbles); the mmap'd bytes are not kept (the backend gives their pages back).
+f16), +0% to +3% for the K types (6-bit scales unpacked to bytes, f16 super-block scales kept as f16 but
+Q6_K's, f32 there, +1%; Q3_K +33%, its quants widened to nibbles); the mmap'd bytes are not kept (the backend gives their pages back).
 F32/F16/BF16 weights are used in place (a reference to ``w``, no copy). docs/performance.md has the
 per-type figures and speeds.
 
