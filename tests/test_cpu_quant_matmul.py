@@ -248,6 +248,13 @@ def test_q8_0_quads_are_exact_at_the_extremes_of_a_signed_byte():
     np.testing.assert_allclose(quads, want, rtol=0, atol=1e-3 * k * 64)
 
 
+def test_q8_0_takes_the_quads_from_one_token_only_where_they_are_exact():
+    from ggflow.backends_builtin.cpu import _qmm_template as tmpl
+    pw = qmm.pack_weight(weight("Q8_0", 70, 256)[0], "Q8_0")
+    for n in (1, 4, 64):
+        assert (tmpl.batch_path(pw.kind, n) == "quads") == quads_are_exact(128)
+
+
 @pytest.mark.parametrize("w_type, quads_from", [("Q4_K", 2), ("Q5_0", 8)])
 def test_products_take_the_quads_kernel_from_the_types_own_token_count(w_type, quads_from):
     q, _ = weight(w_type, 70, 256)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import os
 from pathlib import Path
 
 import numpy as np
@@ -144,7 +145,6 @@ def test_rows_read_from_the_file_match_the_mapped_bytes_and_a_short_file_is_an_e
 
     short = tmp_path / "short.bin"
     short.write_bytes(bytes(range(256)) * 4)                # 1024 bytes: rows 0-7 of 128, not row 8
-    import os
     fd = os.open(short, os.O_RDONLY)
     try:
         rows = np.empty((3, 128), np.uint8)
