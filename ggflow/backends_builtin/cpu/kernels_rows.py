@@ -9,18 +9,20 @@ Copies go in ggml's element order (ne[0] fastest), so cpy may also reshape: only
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
 from numba import njit
 
+from ggflow.backends_builtin.cpu.arrays import TensorArrays, from_f32, is_native_float, store, to_f32
 from ggflow.backends_builtin.cpu.c_arith import f32_bits_to_f16_bits
 from ggflow.backends_builtin.cpu.file_rows import pread_rows
-from ggflow.backends_builtin.cpu.arrays import TensorArrays, from_f32, is_native_float, store, to_f32
 from ggflow.core.tensor import Tensor
 from ggflow.errors import BackendError
 
 Kernel = Callable[[], None]
+HAVE_PREAD = hasattr(os, "pread")   # POSIX: libc has the pread file_rows calls (not Windows)
 
 
 @njit(cache=True, nogil=True)
@@ -74,8 +76,8 @@ def _file_backed_matrix(a: Tensor, a_view: np.ndarray) -> bool:
     """Whether a is a 2-D matrix whose rows can be read from its file with pread (file_rows.py): its buffer
     maps a file it has a descriptor of, and the plan reads it there (not from a copy on this backend)."""
     buffer = a.buffer
-    return (getattr(buffer, "fileno", None) is not None and a.ne[2] == 1 and a.ne[3] == 1 and a.is_contiguous()
-            and a_view.ctypes.data == buffer.host_array().ctypes.data + a.offset)
+    return (HAVE_PREAD and getattr(buffer, "fileno", None) is not None and a.ne[2] == 1 and a.ne[3] == 1
+            and a.is_contiguous() and a_view.ctypes.data == buffer.host_array().ctypes.data + a.offset)
 
 
 def _bind_get_file_rows(node: Tensor, a: Tensor, a_view: np.ndarray, ids_view: np.ndarray,
