@@ -337,6 +337,9 @@ def test_bench_at_a_depth_names_its_tests_as_llama_bench_does_and_starts_each_ru
                  "-t", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [r["test"] for r in report["results"]] == ["pp4 @ d40", "tg3 @ d40"]
+    # every CPU plan run counted under the one thread asked for: a pp decode and 3 tg decodes in each of the
+    # 3 runs (warm-up + 2), and the prefix once
+    assert report["cpu_plans_by_threads"] == {"1": (1 + 3) * 3 + 1}
     # the 40-token prefix once, then every run (warm-up + 2 repetitions) from position 40
     assert starts.count((0, 40)) == 1
     assert starts.count((40, 4)) == 3 and starts.count((40, 1)) == 3 and starts.count((42, 1)) == 3

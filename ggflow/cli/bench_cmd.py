@@ -72,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
             ctx.decode(Batch.from_tokens([token], pos0=pos))
         return args.n_gen / (time.perf_counter() - t0)
 
+    from ggflow.backends_builtin.cpu import spare_cores
+    spare_cores.plans_by_threads.clear()
     results = []
     for name, n, test in (("pp", args.n_prompt, pp), ("tg", args.n_gen, tg)):
         if n <= 0:
@@ -89,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
             "model_mapped_mb": None if mapped is None else mapped / 2**20,
             "params_m": model.n_params / 1e6, "backend": ",".join(b.name for b in ctx.backends),
             "threads": args.threads, "kv_cache_mb": ctx.memory.nbytes / 2**20, "peak_rss_mb": peak_rss_mb,
+            # the CPU backend runs a plan on the cores other processes leave free (spare_cores.py): how many
+            # CPU plan runs used how many threads, so that a busy machine's -t 2 shows as what it was
+            "cpu_plans_by_threads": {str(k): v for k, v in sorted(spare_cores.plans_by_threads.items())},
             "results": results}
     if args.json:
         print(json.dumps(info, indent=2))
@@ -100,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"| {'-' * width} | {'-' * 18} |")
     for r in results:
         print(f"| {r['test']:>{width}} | {r['tokens_per_second']:8.2f} ± {r['stddev']:7.2f} |")
+    plans = info["cpu_plans_by_threads"]
+    if len(plans) > 1 or (args.threads and plans and max(map(int, plans)) < args.threads):
+        print("CPU plans ran on " + ", ".join(f"{k} thread(s) x{v}" for k, v in plans.items())
+              + ": other processes kept cores busy (GGFLOW_FOLLOW_LOAD=0 keeps every thread)", file=sys.stderr)
     in_rss = "" if mapped is None else f", {info['model_mapped_mb']:.0f} MiB of it mapped at the end"
     print(f"peak RSS: {peak_rss_mb:.0f} MiB (model file {info['size_mb']:.0f} MiB{in_rss}, KV cache "
           f"{info['kv_cache_mb']:.1f} MiB)", file=sys.stderr)

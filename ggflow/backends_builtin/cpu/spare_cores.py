@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 
 INTERVAL = 0.1          # seconds between two readings: /proc/stat counts in 10 ms ticks
 BUSY_FRACTION = 0.25    # a core that others used more than this fraction of the time is theirs
@@ -95,6 +96,7 @@ def _own_cpu_seconds() -> float:
 
 _shared: SpareCores | None = None
 in_use = 0      # the threads of the plan running now (0: none); kernels that choose a way read it
+plans_by_threads: Counter = Counter()   # plan runs per thread count used, for reports (ggflow bench)
 
 
 def threads_now(wanted: int) -> int:
@@ -106,4 +108,5 @@ def threads_now(wanted: int) -> int:
             _shared = SpareCores()
         wanted = _shared.threads(wanted)
     in_use = wanted
+    plans_by_threads[wanted] += 1
     return wanted
