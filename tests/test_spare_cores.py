@@ -99,6 +99,15 @@ def test_without_proc_stat_the_plan_keeps_its_threads():
     assert cores.threads(2) == 2 and cores.threads(7) == 7
 
 
+def test_without_an_affinity_mask_or_proc_stat_the_plan_keeps_its_threads(monkeypatch):
+    # macOS: no os.sched_getaffinity and no /proc/stat; making the reader must not fail there
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(spare_cores, "_read_proc_stat", lambda: None)
+    cores = SpareCores()
+    assert cores.cpus == frozenset(range(os.cpu_count() or 1))
+    assert cores.threads(2) == 2 and cores.threads(5) == 5
+
+
 def test_threads_now_can_be_turned_off_and_records_the_count_in_use(monkeypatch):
     monkeypatch.setattr(spare_cores, "ENABLED", False)
     assert spare_cores.threads_now(3) == 3 and spare_cores.in_use == 3

@@ -47,11 +47,11 @@ class SpareCores:
 
     def __init__(self, read_stat=None, own_cpu_seconds=None, clock=time.monotonic,
                  cpus: frozenset[int] | None = None):
-        self.cpus = frozenset(os.sched_getaffinity(0)) if cpus is None else cpus
+        self.cpus = _allowed_cpus() if cpus is None else cpus
         self._read_stat = read_stat or _read_proc_stat
         self._own = own_cpu_seconds or _own_cpu_seconds
         self._clock = clock
-        self._tick = 1.0 / os.sysconf("SC_CLK_TCK")
+        self._tick = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
         self.free = len(self.cpus)
         self._last = self._sample()
 
@@ -79,6 +79,13 @@ class SpareCores:
         others = max(0.0, (now[1] - self._last[1]) - (now[2] - self._last[2])) / wall   # cores' worth
         self.free = len(self.cpus) - int(others + 1 - BUSY_FRACTION)
         self._last = now
+
+
+def _allowed_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (its affinity mask where the system has one: Linux)."""
+    if hasattr(os, "sched_getaffinity"):
+        return frozenset(os.sched_getaffinity(0))
+    return frozenset(range(os.cpu_count() or 1))
 
 
 def _read_proc_stat() -> str | None:
