@@ -140,6 +140,24 @@ def test_iq4_nl_parallel_and_serial_kernels_agree(iq4_nl):
     np.testing.assert_array_equal(a, b)
 
 
+def test_prefetching_ahead_leaves_the_results_bit_for_bit(iq4_nl, register_type):
+    """prefetch_bytes only asks for memory early (_qmm_prefetch): the same pieces with it give the same bits,
+    near the end of the weight too, where the blocks ahead are past its arrays and nothing is asked for."""
+    pieces = dataclasses.replace(iq4_nl.kernels["cpu"], prefetch_bytes=300)
+    traits = register_type(dataclasses.replace(iq4_nl, name="IQ4_PREFETCH", type_id=9203, kernels={"cpu": pieces}))
+    q = ggflow.quantize(weights(130, 256, seed=10), "IQ4_NL")
+    plain, ahead = qmm.pack_weight(q, "IQ4_NL"), qmm.pack_weight(q, traits.name)
+    assert ahead.kind != plain.kind
+    for n in (1, 9):
+        x = weights(n, 256, seed=11)
+        np.testing.assert_array_equal(run(ahead, x), run(plain, x))
+
+
+def test_a_negative_prefetch_distance_is_refused(iq4_nl):
+    with pytest.raises(ValueError, match="prefetch_bytes=-1"):
+        dataclasses.replace(iq4_nl.kernels["cpu"], prefetch_bytes=-1)
+
+
 def test_a_model_in_the_plugin_type_runs_in_a_context(iq4_nl, tmp_path):
     """The tiny llama quantized to IQ4_NL decodes through the pieces; its logits stay near the F32
     model's (4-bit weights: the tolerance is the spread Q4_0 shows on the same model, not ours to pick)."""

@@ -304,15 +304,25 @@ def _q8_0_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, d
     _acc_offset(acc, part, 16, w[1][t, b], 0, dx[i, b])
 
 
+# A matvec streams these types' small blocks (1-2 KiB a tile) faster than the hardware prefetchers bring
+# them: asking for the bytes 8 KiB ahead took a one-thread 5632 x 2048 matvec from memory from 19 to 29-35
+# GB/s (Q4_0) and 21 to 30 GB/s (Q8_0) on a Zen 4 (2 and 4 KiB gave less; docs/performance.md). The K-quants'
+# 9-13 KiB blocks gained nothing or lost (Q6_K 12.5 -> 9 GB/s) and go without.
+PREFETCH = 8192
+
 PIECES = {
     # quads_from: where the quads kernel measured faster than the tile one (docs/performance.md, Zen 3);
     # a Q5 quad costs shifts for its fifth bits and its groups of 8 twice the widening steps
-    "Q4_0": BlockPieces(32, 2, pack_q4_0, _q4_sums, _q4_decode, _q4_0_acc, _q4_quads, quads_from=2),
-    "Q4_1": BlockPieces(32, 2, pack_q4_1, _q4_sums, _q4_decode, _q4_1_acc, _q4_quads, quads_from=2),
-    "Q5_0": BlockPieces(32, 4, pack_q5_0, _q5_sums, _q5_decode, _q5_0_acc, _q5_quads, quads_from=8),
-    "Q5_1": BlockPieces(32, 4, pack_q5_1, _q5_sums, _q5_decode, _q5_1_acc, _q5_quads, quads_from=8),
+    "Q4_0": BlockPieces(32, 2, pack_q4_0, _q4_sums, _q4_decode, _q4_0_acc, _q4_quads, quads_from=2,
+                        prefetch_bytes=PREFETCH),
+    "Q4_1": BlockPieces(32, 2, pack_q4_1, _q4_sums, _q4_decode, _q4_1_acc, _q4_quads, quads_from=2,
+                        prefetch_bytes=PREFETCH),
+    "Q5_0": BlockPieces(32, 4, pack_q5_0, _q5_sums, _q5_decode, _q5_0_acc, _q5_quads, quads_from=8,
+                        prefetch_bytes=PREFETCH),
+    "Q5_1": BlockPieces(32, 4, pack_q5_1, _q5_sums, _q5_decode, _q5_1_acc, _q5_quads, quads_from=8,
+                        prefetch_bytes=PREFETCH),
     # Q8_0's quads hold whole signed bytes (bias 128): batch_path takes them only where that is exact
     # (VNNI), and there from one token: 12-20% faster than the int16 matvec (Sapphire Rapids), 2-3x batched
     "Q8_0": BlockPieces(32, 16, pack_q8_0, _q8_sums, _q8_decode, _q8_0_acc, _q8_quads, quad_bias=128,
-                        quads_from=1, quad_groups=1, accumulate_quads=_q8_0_quads_acc),
+                        quads_from=1, quad_groups=1, accumulate_quads=_q8_0_quads_acc, prefetch_bytes=PREFETCH),
 }

@@ -59,6 +59,7 @@ from numba.extending import overload
 from ggflow.backends_builtin.cpu._qmm_int16 import wide_vectors
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile
 from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums, pairs_are_fast
+from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_ahead
 from ggflow.backends_builtin.cpu._qmm_quads import quad_sums, quads_are_exact
 from ggflow.backends_builtin.cpu._qmm_token_sums import token_sums
 
@@ -185,6 +186,7 @@ def _ov_tile(kind, t, w, xq, dx, xe, out):
     qk, groups = p.block_size, p.groups
     gsize = qk // groups
     in_registers = gsize >= TOKEN_SUMS_MIN_GROUP   # a constant: LLVM drops the other branch
+    ahead = p.prefetch_bytes                       # also a constant: 0 drops the prefetch
 
     def impl(kind, t, w, xq, dx, xe, out):
         wide_vectors()
@@ -195,6 +197,8 @@ def _ov_tile(kind, t, w, xq, dx, xe, out):
         if n <= MATVEC_MAX_TOKENS:
             for i in range(n):
                 for b in range(nb):
+                    if ahead and i == 0:
+                        prefetch_ahead(w, t, b, ahead)
                     block_sums(w, t, b, xq, i, b * qk, part)
                     accumulate(acc[i], part, w, t, b, dx, xe, i)
         elif not in_registers:
@@ -325,6 +329,7 @@ def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
     qk, qgroups = p.block_size, p.quad_group_count
     groups = qgroups if p.accumulate_quads is not None else p.groups   # the sums accumulate reads
     quads_per_group = qk // qgroups // 4
+    ahead = p.prefetch_bytes
 
     def impl(kind, t, w, x8, xs, dx, xe, out):
         wide_vectors()
@@ -334,6 +339,8 @@ def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
         wq = np.empty((qk // 4, R), I32)
         sums = np.zeros((QUAD_TOKENS, groups, R), I32)   # groups past qgroups stay 0: accumulate adds them
         for b in range(nb):
+            if ahead:
+                prefetch_ahead(w, t, b, ahead)
             decode_quads(w, t, b, wq)
             for i in range(0, n - n % QUAD_TOKENS, QUAD_TOKENS):
                 for g in range(qgroups):

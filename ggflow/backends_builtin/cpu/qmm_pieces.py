@@ -59,6 +59,8 @@ class BlockPieces:
                              # one int32 sum a block in the quads)
     accumulate_quads: Callable | None = None   # accumulate for the quads' quad_groups sums (None: accumulate,
                                                # reading groups - quad_groups zeros)
+    prefetch_bytes: int = 0  # a matvec asks for the weight's bytes this far ahead of the block it reads
+                             # (_qmm_prefetch; 0: it leaves them to the hardware prefetchers; measured per type)
 
     def __post_init__(self):
         if self.groups < 2 or self.groups % 2 or self.block_size % self.groups:
@@ -71,6 +73,8 @@ class BlockPieces:
                              f"{self.block_size // self.quad_group_count}")
         if self.quads_from < 1:
             raise ValueError(f"BlockPieces: quads_from={self.quads_from} must be at least 1 token")
+        if self.prefetch_bytes < 0:
+            raise ValueError(f"BlockPieces: prefetch_bytes={self.prefetch_bytes} must be 0 (none) or more")
         if not 0 <= self.quad_bias <= 128:
             raise ValueError(f"BlockPieces: quad_bias={self.quad_bias} must be in [0, 128]")
 
