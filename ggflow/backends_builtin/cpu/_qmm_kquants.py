@@ -26,6 +26,7 @@ from numba import njit
 
 from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, word_pair
 from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
+from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_slice
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_bits, f16_field, tile_rows
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 
@@ -197,15 +198,6 @@ def _sum_q5k_chunk(qs, qh, t, b, xq, i, o, c, part):
         _sum_q5k_quarter(qs, qh, t, b, xq, i, o, c, qt, part)
 
 
-@njit(cache=True, inline="always")
-def _sum_q5k_block(qs, qh, t, b, xq, i, o, part):
-    # literal c: the fifth-bit shifts depend on it and must be constants
-    _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 0, part)
-    _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 1, part)
-    _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 2, part)
-    _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 3, part)
-
-
 # ------------------------------------------------------------------------------------- Q6_K phase 1
 # ql word m (0..63): half h = m // 32, byte position p = 2m % 64. Its low nibbles are elements
 # 128h + 32s + l, its high nibbles 128h + 32(s + 2) + l, with s = p // 32 and l = p % 32. The two
@@ -247,9 +239,13 @@ def _sum_q6_hs(ql, qh, t, b, xq, i, o, h, s, part):
 def _sum_q6_block(w, t, b, xq, i, o, part):
     # literal s: the high-bit shifts depend on it and must be constants
     ql, qh = w[0], w[1]
+    prefetch_slice(w, t, b, 1, 0, 4)
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 0, 0, part)
+    prefetch_slice(w, t, b, 1, 1, 4)
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 0, 1, part)
+    prefetch_slice(w, t, b, 1, 2, 4)
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 1, 0, part)
+    prefetch_slice(w, t, b, 1, 3, 4)
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 1, 1, part)
 
 
@@ -454,20 +450,38 @@ def _q4_k_quads(w, t, b, wq):     # also Q3_K's (its quants repacked as Q4_K nib
 
 @njit(cache=True, inline="always")
 def _q2_k_sums(w, t, b, xq, i, o, part):
-    for q in range(4):
-        _sum_q2_segment(w[0], t, b, xq, i, o, q, part)
+    # literal q: in a loop with the prefetch in it LLVM kept q a variable, and the segment's shifts with it
+    # (5x slower); a quarter of the next block asked for before each segment
+    prefetch_slice(w, t, b, 1, 0, 4)
+    _sum_q2_segment(w[0], t, b, xq, i, o, 0, part)
+    prefetch_slice(w, t, b, 1, 1, 4)
+    _sum_q2_segment(w[0], t, b, xq, i, o, 1, part)
+    prefetch_slice(w, t, b, 1, 2, 4)
+    _sum_q2_segment(w[0], t, b, xq, i, o, 2, part)
+    prefetch_slice(w, t, b, 1, 3, 4)
+    _sum_q2_segment(w[0], t, b, xq, i, o, 3, part)
 
 
 @njit(cache=True, inline="always")
 def _q4_k_sums(w, t, b, xq, i, o, part):     # also Q3_K's, whose quants are repacked as Q4_K nibbles
     for c in range(4):
+        prefetch_slice(w, t, b, 1, c, 4)
         _sum_q4k_half(w[0], t, b, xq, i, o, c, 0, part)
         _sum_q4k_half(w[0], t, b, xq, i, o, c, 1, part)
 
 
 @njit(cache=True, inline="always")
 def _q5_k_sums(w, t, b, xq, i, o, part):
-    _sum_q5k_block(w[0], w[1], t, b, xq, i, o, part)   # literal c: faster than a loop here
+    # literal c (the fifth-bit shifts), and a quarter of the next block asked for before each chunk
+    qs, qh = w[0], w[1]
+    prefetch_slice(w, t, b, 1, 0, 4)
+    _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 0, part)
+    prefetch_slice(w, t, b, 1, 1, 4)
+    _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 1, part)
+    prefetch_slice(w, t, b, 1, 2, 4)
+    _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 2, part)
+    prefetch_slice(w, t, b, 1, 3, 4)
+    _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 3, part)
 
 
 @njit(cache=True, inline="always")

@@ -306,8 +306,8 @@ def _q8_0_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, d
 
 # A matvec streams these types' small blocks (1-2 KiB a tile) faster than the hardware prefetchers bring
 # them: asking for the bytes 8 KiB ahead took a one-thread 5632 x 2048 matvec from memory from 19 to 29-35
-# GB/s (Q4_0) and 21 to 30 GB/s (Q8_0) on a Zen 4 (2 and 4 KiB gave less; docs/performance.md). The K-quants'
-# 9-13 KiB blocks gained nothing or lost (Q6_K 12.5 -> 9 GB/s) and go without.
+# GB/s (Q4_0) and 21 to 30 GB/s (Q8_0) on a Zen 4 (2 and 4 KiB gave less; docs/performance.md). The
+# K-quants' big blocks ask for theirs a quarter at a time instead (_qmm_prefetch).
 PREFETCH = 8192
 
 PIECES = {

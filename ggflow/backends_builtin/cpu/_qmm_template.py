@@ -59,7 +59,7 @@ from numba.extending import overload
 from ggflow.backends_builtin.cpu._qmm_int16 import wide_vectors
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile
 from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums, pairs_are_fast
-from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_ahead
+from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_slice
 from ggflow.backends_builtin.cpu._qmm_quads import quad_sums, quads_are_exact
 from ggflow.backends_builtin.cpu._qmm_token_sums import token_sums
 
@@ -198,7 +198,7 @@ def _ov_tile(kind, t, w, xq, dx, xe, out):
             for i in range(n):
                 for b in range(nb):
                     if ahead and i == 0:
-                        prefetch_ahead(w, t, b, ahead)
+                        prefetch_slice(w, t, b, ahead, 0, 1)
                     block_sums(w, t, b, xq, i, b * qk, part)
                     accumulate(acc[i], part, w, t, b, dx, xe, i)
         elif not in_registers:
@@ -340,7 +340,7 @@ def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
         sums = np.zeros((QUAD_TOKENS, groups, R), I32)   # groups past qgroups stay 0: accumulate adds them
         for b in range(nb):
             if ahead:
-                prefetch_ahead(w, t, b, ahead)
+                prefetch_slice(w, t, b, ahead, 0, 1)
             decode_quads(w, t, b, wq)
             for i in range(0, n - n % QUAD_TOKENS, QUAD_TOKENS):
                 for g in range(qgroups):

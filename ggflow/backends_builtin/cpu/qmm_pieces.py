@@ -60,7 +60,8 @@ class BlockPieces:
     accumulate_quads: Callable | None = None   # accumulate for the quads' quad_groups sums (None: accumulate,
                                                # reading groups - quad_groups zeros)
     prefetch_bytes: int = 0  # a matvec asks for the weight's bytes this far ahead of the block it reads
-                             # (_qmm_prefetch; 0: it leaves them to the hardware prefetchers; measured per type)
+                             # (_qmm_prefetch; 0: none from the skeleton: the hardware prefetchers, or the
+                             # pieces ask themselves, as the K-quants do; measured per type)
 
     def __post_init__(self):
         if self.groups < 2 or self.groups % 2 or self.block_size % self.groups:
