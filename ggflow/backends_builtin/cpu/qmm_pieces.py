@@ -25,7 +25,8 @@ products (``_qmm_quads``: vpmaddubsw, vpdpbusd) into an int32 ``part``: ``accumu
 integers either way (through ``np.int32(part[g, r])``). The functions are numba njit functions, best with
 ``inline="always"``: the skeleton inlines them and LLVM vectorises the row loops (``for r in range(TILE)``,
 one activation broadcast into TILE rows). ``field``, ``bit_to`` and ``sext8`` cut bit fields in 16-bit
-lanes; ``wide_vectors`` is called by the skeleton. ``examples/ggflow-example-plugin`` (IQ4_NL) is a
+lanes; ``wide_vectors`` is called by the skeleton; ``prefetch_slice`` asks for a later block's bytes ahead
+(``BlockPieces.prefetch_bytes`` does it once a block for small blocks; ``_qmm_prefetch``). ``examples/ggflow-example-plugin`` (IQ4_NL) is a
 complete plugin type written this way; docs/plugins.md explains the seam.
 
 A type with no pieces still runs: the CPU backend converts its weight once, when it packs it, to F16
@@ -40,6 +41,7 @@ import numpy as np
 
 from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8, wide_vectors, word_pair
 from ggflow.backends_builtin.cpu._qmm_layout import TILE, f16_field, tile_rows
+from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_slice
 
 
 @dataclass(frozen=True)
@@ -88,4 +90,5 @@ class BlockPieces:
         return (self.pack, self.block_sums, self.decode, self.accumulate) + extra
 
 
-__all__ = ["BlockPieces", "TILE", "tile_rows", "f16_field", "field", "bit_to", "sext8", "wide_vectors", "word_pair"]
+__all__ = ["BlockPieces", "TILE", "tile_rows", "f16_field", "field", "bit_to", "sext8", "wide_vectors", "word_pair",
+           "prefetch_slice"]
