@@ -235,6 +235,19 @@ def test_editing_a_pieces_file_changes_its_kernel_key(tmp_path, monkeypatch):
     assert tmpl.kind_key("T", pieces) != before
 
 
+def test_editing_a_module_the_skeleton_compiles_in_changes_every_kernel_key(tmp_path, monkeypatch):
+    """The skeleton inlines helpers from other modules (_qmm_prefetch's intrinsic, the quads' and pairs' sums):
+    an edit there must not leave kernels compiled with the old helper in numba's cache."""
+    helper = tmp_path / "skeleton_helper.py"
+    helper.write_text("X = 1\n")
+    monkeypatch.setattr(tmpl, "_SKELETON_FILES", (str(helper),))
+    pieces = qmm.cpu_pieces(type_traits("Q4_0"))
+    before = tmpl.kind_key("Q4_0", pieces)
+    assert tmpl.kind_key("Q4_0", pieces) == before
+    os.utime(helper, ns=(os.stat(helper).st_atime_ns, os.stat(helper).st_mtime_ns + 10**9))
+    assert tmpl.kind_key("Q4_0", pieces) != before
+
+
 def test_skeleton_kernels_load_from_numbas_cache_in_a_new_process():
     """Compile (or load) Q4_0's and IQ4_NL's serial kernels in one process; a second process must load
     both from the on-disk cache and compile none (the cost a factory of closures pays on every run)."""

@@ -30,8 +30,9 @@ type's njit pieces called in it, which numba inlines (``inline="always"``). So e
 own machine code, as if its tile function were written by hand, and numba's on-disk cache keeps it:
 the drivers are module-level functions, not closures (factories that close over njit functions never
 hit numba's cache, 11 s of recompiling per run). numba only checks this file's timestamp for its
-cache, so a kind is ``NAME:STAMP`` with STAMP taken from the files the pieces come from (``kind_key``):
-editing a type's pieces changes its key, and so its cache entry.
+cache, so a kind is ``NAME:STAMP`` with STAMP taken from the files the pieces come from and the modules
+whose helpers the skeleton compiles in (``kind_key``, ``_SKELETON_FILES``): editing either changes the key,
+and so the cache entry.
 
 Calls go to the compiled entry point (``entry_point``), not through the dispatcher: dispatching a
 str argument to a literal specialisation re-runs numba's typing on every call (milliseconds).
@@ -56,6 +57,8 @@ from numba import literally, njit, prange, types
 from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import overload
 
+from ggflow.backends_builtin.cpu import (_qmm_float, _qmm_int16, _qmm_layout, _qmm_pairs, _qmm_prefetch, _qmm_quads,
+                                         _qmm_token_sums)
 from ggflow.backends_builtin.cpu._qmm_int16 import wide_vectors
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile
 from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums, pairs_are_fast
@@ -89,9 +92,17 @@ if PAIRS_MIN_TOKENS < TOKENS_PER_PASS:
 _PIECES: dict[str, object] = {}   # kind -> BlockPieces (qmm_pieces), filled by register_pieces
 
 
+# The modules whose njit functions and intrinsics the skeleton compiles into every type's kernels: numba's cache
+# checks none of them (only this file), so the kind key stamps them with the pieces' own sources.
+_SKELETON_FILES = tuple(inspect.getsourcefile(m) or "" for m in (
+    _qmm_float, _qmm_int16, _qmm_layout, _qmm_pairs, _qmm_prefetch, _qmm_quads, _qmm_token_sums))
+
+
 def kind_key(name: str, pieces) -> str:
-    """The literal a type's kernels are specialised on: its name and a stamp of its pieces' sources."""
-    files = sorted({inspect.getsourcefile(getattr(f, "py_func", f)) or "" for f in pieces.functions()})
+    """The literal a type's kernels are specialised on: its name and a stamp of its pieces' sources and of the
+    modules the skeleton compiles in with them (_SKELETON_FILES)."""
+    files = sorted({inspect.getsourcefile(getattr(f, "py_func", f)) or "" for f in pieces.functions()}
+                   | set(_SKELETON_FILES))
     stamp = hashlib.sha1()
     for path in files:
         st = os.stat(path) if path and os.path.exists(path) else None
