@@ -37,6 +37,9 @@ U32 = np.uint32
 R = 64     # rows per tile, a compile-time constant of every piece here (see _qmm_layout.TILE)
 check_tile(R, __name__)
 QK = 256
+# prefetch_slice's ahead_bytes for the block after the current one: any distance up to a block's bytes asks
+# for the next block, and the block sums ask for it a quarter at a time (_qmm_prefetch)
+NEXT_BLOCK = 1
 
 
 # ---------------------------------------------------------------------------------------------- packing
@@ -239,13 +242,13 @@ def _sum_q6_hs(ql, qh, t, b, xq, i, o, h, s, part):
 def _sum_q6_block(w, t, b, xq, i, o, part):
     # literal s: the high-bit shifts depend on it and must be constants
     ql, qh = w[0], w[1]
-    prefetch_slice(w, t, b, 1, 0, 4)
+    prefetch_slice(w, t, b, NEXT_BLOCK, 0, 4)
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 0, 0, part)
-    prefetch_slice(w, t, b, 1, 1, 4)
+    prefetch_slice(w, t, b, NEXT_BLOCK, 1, 4)
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 0, 1, part)
-    prefetch_slice(w, t, b, 1, 2, 4)
+    prefetch_slice(w, t, b, NEXT_BLOCK, 2, 4)
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 1, 0, part)
-    prefetch_slice(w, t, b, 1, 3, 4)
+    prefetch_slice(w, t, b, NEXT_BLOCK, 3, 4)
     _sum_q6_hs(ql, qh, t, b, xq, i, o, 1, 1, part)
 
 
@@ -452,20 +455,20 @@ def _q4_k_quads(w, t, b, wq):     # also Q3_K's (its quants repacked as Q4_K nib
 def _q2_k_sums(w, t, b, xq, i, o, part):
     # literal q: in a loop with the prefetch in it LLVM kept q a variable, and the segment's shifts with it
     # (5x slower); a quarter of the next block asked for before each segment
-    prefetch_slice(w, t, b, 1, 0, 4)
+    prefetch_slice(w, t, b, NEXT_BLOCK, 0, 4)
     _sum_q2_segment(w[0], t, b, xq, i, o, 0, part)
-    prefetch_slice(w, t, b, 1, 1, 4)
+    prefetch_slice(w, t, b, NEXT_BLOCK, 1, 4)
     _sum_q2_segment(w[0], t, b, xq, i, o, 1, part)
-    prefetch_slice(w, t, b, 1, 2, 4)
+    prefetch_slice(w, t, b, NEXT_BLOCK, 2, 4)
     _sum_q2_segment(w[0], t, b, xq, i, o, 2, part)
-    prefetch_slice(w, t, b, 1, 3, 4)
+    prefetch_slice(w, t, b, NEXT_BLOCK, 3, 4)
     _sum_q2_segment(w[0], t, b, xq, i, o, 3, part)
 
 
 @njit(cache=True, inline="always")
 def _q4_k_sums(w, t, b, xq, i, o, part):     # also Q3_K's, whose quants are repacked as Q4_K nibbles
     for c in range(4):
-        prefetch_slice(w, t, b, 1, c, 4)
+        prefetch_slice(w, t, b, NEXT_BLOCK, c, 4)
         _sum_q4k_half(w[0], t, b, xq, i, o, c, 0, part)
         _sum_q4k_half(w[0], t, b, xq, i, o, c, 1, part)
 
@@ -474,13 +477,13 @@ def _q4_k_sums(w, t, b, xq, i, o, part):     # also Q3_K's, whose quants are rep
 def _q5_k_sums(w, t, b, xq, i, o, part):
     # literal c (the fifth-bit shifts), and a quarter of the next block asked for before each chunk
     qs, qh = w[0], w[1]
-    prefetch_slice(w, t, b, 1, 0, 4)
+    prefetch_slice(w, t, b, NEXT_BLOCK, 0, 4)
     _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 0, part)
-    prefetch_slice(w, t, b, 1, 1, 4)
+    prefetch_slice(w, t, b, NEXT_BLOCK, 1, 4)
     _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 1, part)
-    prefetch_slice(w, t, b, 1, 2, 4)
+    prefetch_slice(w, t, b, NEXT_BLOCK, 2, 4)
     _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 2, part)
-    prefetch_slice(w, t, b, 1, 3, 4)
+    prefetch_slice(w, t, b, NEXT_BLOCK, 3, 4)
     _sum_q5k_chunk(qs, qh, t, b, xq, i, o, 3, part)
 
 

@@ -26,8 +26,9 @@ integers either way (through ``np.int32(part[g, r])``). The functions are numba 
 ``inline="always"``: the skeleton inlines them and LLVM vectorises the row loops (``for r in range(TILE)``,
 one activation broadcast into TILE rows). ``field``, ``bit_to`` and ``sext8`` cut bit fields in 16-bit
 lanes; ``wide_vectors`` is called by the skeleton; ``prefetch_slice`` asks for a later block's bytes ahead
-(``BlockPieces.prefetch_bytes`` does it once a block for small blocks; ``_qmm_prefetch``). ``examples/ggflow-example-plugin`` (IQ4_NL) is a
-complete plugin type written this way; docs/plugins.md explains the seam.
+(``BlockPieces.prefetch_bytes`` does it once a block for small blocks; ``_qmm_prefetch``).
+``examples/ggflow-example-plugin`` (IQ4_NL) is a complete plugin type written this way; docs/plugins.md
+explains the seam.
 
 A type with no pieces still runs: the CPU backend converts its weight once, when it packs it, to F16
 (2 bytes per weight; F32 if that is the type's vec_dot_type) and uses that type's kernel.
