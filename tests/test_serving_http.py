@@ -232,13 +232,15 @@ def test_queue_full_is_503(server):
 
 def test_a_client_that_leaves_a_plain_request_frees_its_slot(server):
     wait_idle(server)
-    body = {"prompt": PROMPTS[1], "max_tokens": 400, "temperature": 0}
+    # the client leaves after 1 s and the handler notices within DISCONNECT_POLL_S more: a request of 900
+    # tokens is still under way then (one thread decodes 100-200 tok/s), and must stop well short of its end
+    body = {"prompt": PROMPTS[1], "max_tokens": 900, "temperature": 0}
     with httpx.Client(base_url=server, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=1.0) as h:
         with pytest.raises(httpx.ReadTimeout):
             h.post("/v1/completions", json=body)
     slots = wait_idle(server, timeout=30)
     assert not any(s["is_processing"] for s in slots)
-    assert all(s["n_cached"] < 200 for s in slots)
+    assert all(s["n_cached"] < body["max_tokens"] // 2 for s in slots)
 
 
 # -- the other routes --------------------------------------------------------------------------------
