@@ -5,7 +5,7 @@ import pytest
 from numba import njit
 
 import ggflow
-from ggflow.backends_builtin.cpu import quant_matmul as qmm
+from ggflow.backends_builtin.cpu import _qmm_template as tmpl, quant_matmul as qmm
 from ggflow.backends_builtin.cpu._qmm_quads import quad_sums
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 from ggflow.core.types import type_traits
@@ -111,3 +111,27 @@ def test_decode_quads_needs_groups_of_whole_quads():
     with pytest.raises(ValueError, match="quad_groups"):
         BlockPieces(32, 2, pieces.pack, pieces.block_sums, pieces.decode, pieces.accumulate, pieces.decode_quads,
                     quad_groups=3)
+
+
+# the largest value each type's decode_quads stores (its bits, bias included: Q6_K's -32..31 as 0..63)
+STORED_MAX = {"Q4_0": 15, "Q4_1": 15, "Q5_0": 31, "Q5_1": 31, "Q2_K": 3, "Q3_K": 7, "Q4_K": 15, "Q5_K": 31, "Q6_K": 63}
+
+
+@pytest.mark.parametrize("w_type", QUAD_TYPES)
+def test_the_quads_sum_groups_whose_half_fits_int16_where_they_add_in_int16(w_type):
+    """On AVX2 (no VNNI) quad_sums holds half a group's products in an int16 lane: the groups the quads sum there
+    (Q5_K's and Q6_K's bigger quad_groups only where they add in int32) must keep that half within int16."""
+    pieces = qmm.cpu_pieces(type_traits(w_type))
+    for int32_sums in (False, True):
+        qgroups, accumulate, read = tmpl.quad_plan(pieces, int32_sums)
+        assert pieces.block_size % (4 * qgroups) == 0 and read >= qgroups
+        assert accumulate in (pieces.accumulate, pieces.accumulate_quads)
+        if not int32_sums:
+            assert pieces.block_size // qgroups // 2 * STORED_MAX[w_type] * 128 < 2 ** 15
+
+
+def test_quad_groups_int32_needs_groups_of_whole_quads_to_fall_back_on():
+    pieces = qmm.cpu_pieces(type_traits("Q8_0"))    # 2-element groups
+    with pytest.raises(ValueError, match="quad_groups_int32"):
+        BlockPieces(32, 16, pieces.pack, pieces.block_sums, pieces.decode, pieces.accumulate, pieces.decode_quads,
+                    quad_groups=1, accumulate_quads=pieces.accumulate_quads, quad_groups_int32=True)

@@ -303,6 +303,16 @@ def _acc_q6_k(acc, part, w, t, b, dx, xe, i):      # w: ql, qh, sc, d
         acc[r] += (dy * d[r]) * F32(isum)
 
 
+@njit(cache=True, inline="always")
+def _acc_q6_k_quads(acc, part, w, t, b, dx, xe, i):   # the quads' sums, one a scale group (quad_groups=16)
+    sc, d, dy = w[2][t, b], w[3][t, b], dx[i, b]
+    for r in range(R):
+        isum = I32(0)
+        for g in range(16):
+            isum += I32(sc[g, r]) * I32(part[g, r])
+        acc[r] += (dy * d[r]) * F32(isum)
+
+
 # -------------------------------------------------------------------------------- batched decoding
 # A super-block of a row tile is decoded once into w (256, R) int16 and multiplied into every token.
 # Decoded values: Q2_K 0..3, Q3_K 0..7 (offset 4 left to bsums; decoded by _decode_q4_k),
@@ -522,11 +532,24 @@ def _q5_k_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, qh, sc, mn, d, dmin
     _acc_k4(acc, part, 4, w[2][t, b], w[3][t, b], w[4][t, b], w[5][t, b], dx[i, b], xe, i, b)
 
 
+@njit(cache=True, inline="always")
+def _q4_k_quads_acc(acc, part, w, t, b, dx, xe, i):   # the quads' sums, one a sub-block (quad_groups=8)
+    _acc_k4(acc, part, 1, w[1][t, b], w[2][t, b], w[3][t, b], w[4][t, b], dx[i, b], xe, i, b)
+
+
+@njit(cache=True, inline="always")
+def _q5_k_quads_acc(acc, part, w, t, b, dx, xe, i):   # the quads' sums, one a sub-block (quad_groups=8)
+    _acc_k4(acc, part, 1, w[2][t, b], w[3][t, b], w[4][t, b], w[5][t, b], dx[i, b], xe, i, b)
+
+
 PIECES = {
     # quads_from: where the quads kernel measured faster than the tile one (docs/performance.md, Zen 3)
     "Q2_K": BlockPieces(QK, 16, pack_q2_k, _q2_k_sums, _q2_k_dec, _q2_k_acc, _q2_k_quads, quads_from=2),
     "Q3_K": BlockPieces(QK, 16, pack_q3_k, _q4_k_sums, _q4_k_dec, _q3_k_acc, _q4_k_quads, quads_from=2),
-    "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc, _q4_k_quads, quads_from=2),
-    "Q5_K": BlockPieces(QK, 32, pack_q5_k, _q5_k_sums, _q5_k_dec, _q5_k_acc, _q5_k_quads, quads_from=3),
-    "Q6_K": BlockPieces(QK, 32, pack_q6_k, _sum_q6_block, _decode_q6_k, _acc_q6_k, _q6_k_quads, quad_bias=32),
+    "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc, _q4_k_quads, quads_from=2,
+                        quad_groups=8, accumulate_quads=_q4_k_quads_acc),
+    "Q5_K": BlockPieces(QK, 32, pack_q5_k, _q5_k_sums, _q5_k_dec, _q5_k_acc, _q5_k_quads, quads_from=3,
+                        quad_groups=8, accumulate_quads=_q5_k_quads_acc, quad_groups_int32=True),
+    "Q6_K": BlockPieces(QK, 32, pack_q6_k, _sum_q6_block, _decode_q6_k, _acc_q6_k, _q6_k_quads, quad_bias=32,
+                        quad_groups=16, accumulate_quads=_acc_q6_k_quads, quad_groups_int32=True),
 }

@@ -46,13 +46,19 @@ _HALF16 = ir.VectorType(_I16, 16)
 
 
 @functools.cache
+def quads_add_in_int32() -> bool:
+    """Whether quad_sums adds every product in int32 lanes (VNNI, plain IR) rather than AVX2's int16 pairs."""
+    from numba.core.registry import cpu_target
+    features = _target_features(cpu_target.target_context)
+    return _VNNI in features or "+avx2" not in features
+
+
+@functools.cache
 def quads_are_exact(bias: int) -> bool:
     """Whether quad_sums is exact for weights biased by ``bias``: always where the products add in 32 bits
     (VNNI, plain IR); on AVX2 vpmaddubsw sums two products in a saturating int16, which a whole signed
     byte's range (bias 128: up to 2 * 255 * 127) overflows, so there the pieces' int16 bound must hold."""
-    from numba.core.registry import cpu_target
-    features = _target_features(cpu_target.target_context)
-    return bias < 128 or _VNNI in features or "+avx2" not in features
+    return bias < 128 or quads_add_in_int32()
 
 
 def _products(builder, features, w, x):

@@ -63,7 +63,7 @@ from ggflow.backends_builtin.cpu._qmm_int16 import wide_vectors
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile
 from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums, pairs_are_fast
 from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_slice
-from ggflow.backends_builtin.cpu._qmm_quads import quad_sums, quads_are_exact
+from ggflow.backends_builtin.cpu._qmm_quads import quad_sums, quads_add_in_int32, quads_are_exact
 from ggflow.backends_builtin.cpu._qmm_token_sums import token_sums
 
 F32 = np.float32
@@ -336,9 +336,9 @@ def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
     p = _pieces_of(kind)
     if p is None or p.decode_quads is None:
         return None
-    decode_quads, accumulate, bias = p.decode_quads, p.accumulate_quads or p.accumulate, p.quad_bias
-    qk, qgroups = p.block_size, p.quad_group_count
-    groups = qgroups if p.accumulate_quads is not None else p.groups   # the sums accumulate reads
+    decode_quads, bias = p.decode_quads, p.quad_bias
+    qk = p.block_size
+    qgroups, accumulate, groups = quad_plan(p, quads_add_in_int32())
     quads_per_group = qk // qgroups // 4
     ahead = p.prefetch_bytes
 
@@ -369,6 +369,16 @@ def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
     return impl
 
 
+def quad_plan(p, int32_sums: bool) -> tuple:
+    """(groups the quads sum apart, the accumulate that reads the sums, groups of sums it reads: past the first
+    the zeros) for the pieces p, on a target whose quads add in int32 (``int32_sums``) or not."""
+    if p.quad_groups_int32 and not int32_sums:
+        return p.groups, p.accumulate, p.groups
+    if p.accumulate_quads is None:
+        return p.quad_group_count, p.accumulate, p.groups
+    return p.quad_group_count, p.accumulate_quads, p.quad_group_count
+
+
 def _activation_group_sums(kind, x8):
     """(n, groups of the row) int32 sums of each group's activations where the type's quads carry a bias
     (compiled per type); a (1, 1) placeholder where they don't."""
@@ -380,7 +390,7 @@ def _ov_activation_group_sums(kind, x8):
     p = _pieces_of(kind)
     if p is None:
         return None
-    gsize = p.block_size // p.quad_group_count
+    gsize = p.block_size // quad_plan(p, quads_add_in_int32())[0]
 
     if not p.quad_bias:
         return lambda kind, x8: np.zeros((1, 1), I32)

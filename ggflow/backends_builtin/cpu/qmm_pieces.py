@@ -62,6 +62,10 @@ class BlockPieces:
                              # one int32 sum a block in the quads)
     accumulate_quads: Callable | None = None   # accumulate for the quads' quad_groups sums (None: accumulate,
                                                # reading groups - quad_groups zeros)
+    quad_groups_int32: bool = False   # quad_groups only where the quads add in int32 (AVX512-VNNI, plain IR):
+                                      # on AVX2 their int16 pair sums hold half a quad group, and half of these
+                                      # bigger groups' products may not fit (Q5_K, Q6_K), so there the quads sum
+                                      # the type's groups apart and ``accumulate`` reads them
     prefetch_bytes: int = 0  # a matvec asks for the weight's bytes this far ahead of the block it reads
                              # (_qmm_prefetch; 0: none from the skeleton: the hardware prefetchers, or the
                              # pieces ask themselves, as the K-quants do; measured per type)
@@ -77,6 +81,9 @@ class BlockPieces:
                              f"{self.block_size // self.quad_group_count}")
         if self.quads_from < 1:
             raise ValueError(f"BlockPieces: quads_from={self.quads_from} must be at least 1 token")
+        if self.quad_groups_int32 and (not self.quad_groups or (self.block_size // self.groups) % 4):
+            raise ValueError("BlockPieces: quad_groups_int32 needs quad_groups, and groups of a multiple of 4 "
+                             "elements for the quads to fall back on")
         if self.prefetch_bytes < 0:
             raise ValueError(f"BlockPieces: prefetch_bytes={self.prefetch_bytes} must be 0 (none) or more")
         if not 0 <= self.quad_bias <= 128:
