@@ -294,23 +294,27 @@ def _acc_k4(acc, part, per_sub, sc, mn, d, dmin, dy, bsums, i, b):
 
 
 @njit(cache=True, inline="always")
-def _acc_q6_k(acc, part, w, t, b, dx, xe, i):      # w: ql, qh, sc, d
+def _acc_q6(acc, part, per_scale, w, t, b, dx, i):     # w: ql, qh, sc, d
+    """``per_scale`` consecutive partial sums per 16-element scale group: 2 (the int16 groups of 8), 1 (the quads')."""
     sc, d, dy = w[2][t, b], w[3][t, b], dx[i, b]
     for r in range(R):
         isum = I32(0)
         for g in range(16):
-            isum += I32(sc[g, r]) * (I32(part[2 * g, r]) + I32(part[2 * g + 1, r]))
+            s = I32(0)
+            for p in range(per_scale):
+                s = I32(s + I32(part[per_scale * g + p, r]))
+            isum += I32(sc[g, r]) * s
         acc[r] += (dy * d[r]) * F32(isum)
 
 
 @njit(cache=True, inline="always")
+def _acc_q6_k(acc, part, w, t, b, dx, xe, i):
+    _acc_q6(acc, part, 2, w, t, b, dx, i)
+
+
+@njit(cache=True, inline="always")
 def _acc_q6_k_quads(acc, part, w, t, b, dx, xe, i):   # the quads' sums, one a scale group (quad_groups=16)
-    sc, d, dy = w[2][t, b], w[3][t, b], dx[i, b]
-    for r in range(R):
-        isum = I32(0)
-        for g in range(16):
-            isum += I32(sc[g, r]) * I32(part[g, r])
-        acc[r] += (dy * d[r]) * F32(isum)
+    _acc_q6(acc, part, 1, w, t, b, dx, i)
 
 
 # -------------------------------------------------------------------------------- batched decoding

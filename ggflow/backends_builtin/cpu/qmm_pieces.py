@@ -58,8 +58,8 @@ class BlockPieces:
     quad_bias: int = 0       # what decode_quads adds to each value to make it an unsigned byte (Q6_K: 32)
     quads_from: int = 3      # products of this many tokens or more take the quads kernel (measured per type)
     quad_groups: int = 0     # the groups the quads kernel sums apart (0: groups); fewer where a group is
-                             # under a quad or one sum a block will do (Q8_0: int16 pairs in block_sums,
-                             # one int32 sum a block in the quads)
+                             # under a quad or one sum a scale or a block will do (Q8_0: int16 pairs in
+                             # block_sums, one int32 sum a block in the quads; the K-quants: one a scale)
     accumulate_quads: Callable | None = None   # accumulate for the quads' quad_groups sums (None: accumulate,
                                                # reading groups - quad_groups zeros)
     quad_groups_int32: bool = False   # quad_groups only where the quads add in int32 (AVX512-VNNI, plain IR):
