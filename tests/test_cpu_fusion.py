@@ -217,3 +217,35 @@ def test_bound_mul_mats_of_one_plan_share_their_activation_buffers():
         expected = np.empty_like(out)
         qmm.mul_mat(pw, v, expected)
         np.testing.assert_array_equal(out, expected)
+
+
+def test_products_of_one_x_quantize_it_once_and_again_only_after_another_x(monkeypatch):
+    k = 128
+    q, kk, o = (qmm.pack_weight(quantize(randn(rows, k), "Q4_1"), "Q4_1") for rows in (32, 16, 48))
+    x, y = randn(4, k), randn(4, k)
+    quantized = []
+    real = qmm._ACTIVATION_QUANTIZERS["Q8_1"]
+    monkeypatch.setitem(qmm._ACTIVATION_QUANTIZERS, "Q8_1", lambda v, *buffers: quantized.append(v) or real(v, *buffers))
+    outs = [np.empty((4, pw.rows), np.float32) for pw in (q, kk, o, q)]
+    scratch: dict = {}
+    # a layer's shape: x's q and k products, y's o product in the same buffers, then x's again
+    plan = [qmm.bind_mul_mat(pw, v, out, 1, scratch, x_source=src)
+            for pw, v, out, src in zip((q, kk, o, q), (x, x, y, x), outs, ("x", "x", "y", "x"))]
+
+    def run_and_check():
+        quantized.clear()
+        for call in plan:
+            call()
+        for pw, v, out, _ in zip((q, kk, o, q), (x, x, y, x), outs, plan):
+            expected = np.empty_like(out)
+            qmm.mul_mat(pw, v, expected)
+            np.testing.assert_array_equal(out, expected)
+        return [next(name for name, a in (("x", x), ("y", y)) if a is v) for v in quantized]
+
+    assert run_and_check() == ["x", "y", "x"]        # k shares q's quantization; after y's, x's is redone
+    x[...] = randn(4, k)                              # the next run's x: its first product quantizes it again
+    y[...] = randn(4, k)
+    assert run_and_check() == ["x", "y", "x"]
+    plan[2:] = []                                     # no other x between: x once per run, even when it changes
+    x[...] = randn(4, k)
+    assert run_and_check() == ["x"]

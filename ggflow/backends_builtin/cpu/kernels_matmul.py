@@ -116,7 +116,8 @@ def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arra
     if a.ne[2] == a.ne[3] == 1:
         pack, out_rows = packs[0][0], out.reshape(-1, m)    # node results are contiguous: a view
         if b.type.name == "F32" and x_view.flags.c_contiguous:   # x read where it lies: bound once
-            return kernels.bind_mul_mat(pack, x_view.reshape(-1, k), out_rows, n_threads, arrays.shared)
+            return kernels.bind_mul_mat(pack, x_view.reshape(-1, k), out_rows, n_threads, arrays.shared,
+                                        x_source=b)
         return lambda: kernels.mul_mat(pack, load_x().reshape(-1, k), out_rows)
 
     r3, r2 = b.ne[3] // a.ne[3], b.ne[2] // a.ne[2]

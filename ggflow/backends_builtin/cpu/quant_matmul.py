@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Callable, Hashable
 
 import numba
 import numpy as np
@@ -307,7 +307,7 @@ def mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
 
 
 def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: int | None = None,
-                 scratch: dict | None = None) -> Callable[[], None]:
+                 scratch: dict | None = None, x_source: Hashable | None = None) -> Callable[[], None]:
     """``mul_mat(pw, x, out)`` prepared once for arrays whose memory stays put (a compiled plan's views).
 
     The checks, the choice of kernel and the activation buffers are settled here, so a call is one
@@ -317,6 +317,11 @@ def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: in
     faster (thread_choice: a busy machine makes the parallel one the slower). scratch: a dict shared by
     calls that never run at the same time (one plan's), which then share one set of activation buffers
     per type and shape (a prompt's would otherwise hold n x k int16 per weight); None: buffers of its own.
+
+    x_source: what x is the memory of (the graph node), where it stays unchanged from its first product to
+    its last, as a plan's node results do. Products bound in a plan's order with one x_source (a layer's
+    q, k and v; gate and up) then quantize x once: the first bound always does, and a later one only if
+    another x was quantized into the shared buffers in between (``_SharedActivations``).
     """
     _check_shapes(pw, x, out)
     if not (x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous) or 0 in out.shape:
@@ -332,23 +337,49 @@ def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: in
             serial = lambda: pw.serial(pw.kind, pw.arrays[0], pw.rounding(x), out)       # noqa: E731
             parallel = lambda: pw.parallel(pw.kind, pw.arrays[0], pw.rounding(x), out)   # noqa: E731
         return thread_choice.adaptive(size_key, parallel, serial) if parallel_ok else serial
-    quantize = _ACTIVATION_QUANTIZERS[pw.vec_dot_type]
     key = ("activations", pw.vec_dot_type, *x.shape)
-    buffers = scratch.get(key) if scratch is not None else None
-    if buffers is None:
-        buffers = quantize_activations(x, pw.vec_dot_type)   # the buffers; refilled at every call
+    shared = scratch.get(key) if scratch is not None else None
+    if shared is None:
+        shared = _SharedActivations(quantize_activations(x, pw.vec_dot_type))   # refilled at every call
         if scratch is not None:
-            scratch[key] = buffers
-    args, n = (pw.kind, pw.arrays, *buffers, out), x.shape[0]
+            scratch[key] = shared
+    args, n = (pw.kind, pw.arrays, *shared.buffers, out), x.shape[0]
     product = partial(pw.kernel(False, n), *args)
     if parallel_ok:   # parallel or serial, whichever is faster now (the parallel driver compiles on first try)
         product = thread_choice.adaptive(size_key, lambda: pw.kernel(True, n)(*args), product)
-    xq, d, extra = buffers
+    quantize = partial(_ACTIVATION_QUANTIZERS[pw.vec_dot_type], x, *shared.buffers)
+    token, first = shared.token_for(x_source, x)
 
     def run_quantized() -> None:
-        quantize(x, xq, d, extra)
+        if first or shared.holds is not token:
+            quantize()
+            shared.holds = token
         product()
     return run_quantized
+
+
+class _SharedActivations:
+    """One plan's activation buffers of one type and shape, and whose quantized x they hold now."""
+
+    __slots__ = ("buffers", "holds", "_tokens")
+
+    def __init__(self, buffers: tuple[np.ndarray, np.ndarray, np.ndarray]):
+        self.buffers = buffers
+        self.holds: tuple | None = None      # the token of the x last quantized into buffers (None: unknown)
+        self._tokens: dict[tuple[int, int], tuple] = {}
+
+    def token_for(self, x_source: Hashable | None, x: np.ndarray) -> tuple[tuple | None, bool]:
+        """(the token that marks x's quantization in the buffers, whether this is the first product bound for
+        it). The first product quantizes at every run, so that no run takes the buffers for the x of a
+        previous run; without an x_source every product is a first."""
+        if x_source is None:
+            return None, True
+        key = (id(x_source), x.ctypes.data)
+        token = self._tokens.get(key)
+        if token is None:
+            self._tokens[key] = token = (x_source, x.ctypes.data)   # keeps x_source alive: its id stays its own
+            return token, True
+        return token, False
 
 
 def use_parallel(macs: int, n_threads: int) -> bool:
