@@ -8,8 +8,6 @@ block layout from the split form, which is how the tests compare against ggml by
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 
@@ -33,9 +31,13 @@ def f16_round(v):
 
 @njit(cache=True, fastmath=False, inline="always")
 def _round_half_away(v):
-    # C roundf: ties away from zero. float64 makes |v| + 0.5 exact for the float32 v.
-    a = math.floor(abs(np.float64(v)) + 0.5)
-    return -a if v < 0 else a
+    """C roundf of a float32: ties away from zero. In float32, where a block's 32 values take 16-wide vectors
+    (float64 took 8): |v| - trunc(|v|) is exact, so comparing it with 0.5 rounds as roundf does (|v| + 0.5
+    would not: 0.49999997 + 0.5 rounds up to 1.0 in float32)."""
+    a = abs(v)
+    t = np.trunc(a)
+    r = t + F32(1.0) if a - t >= F32(0.5) else t
+    return -r if v < 0 else r
 
 
 @njit(cache=True, nogil=True, fastmath=False)
