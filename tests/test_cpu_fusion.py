@@ -225,7 +225,11 @@ def test_products_of_one_x_quantize_it_once_and_again_only_after_another_x(monke
     x, y = randn(4, k), randn(4, k)
     quantized = []
     real = qmm._ACTIVATION_QUANTIZERS["Q8_1"]
-    monkeypatch.setitem(qmm._ACTIVATION_QUANTIZERS, "Q8_1", lambda v, *buffers: quantized.append(v) or real(v, *buffers))
+
+    def counted(v, *buffers):
+        quantized.append(v)
+        real(v, *buffers)
+    monkeypatch.setitem(qmm._ACTIVATION_QUANTIZERS, "Q8_1", counted)
     outs = [np.empty((4, pw.rows), np.float32) for pw in (q, kk, o, q)]
     scratch: dict = {}
     # a layer's shape: x's q and k products, y's o product in the same buffers, then x's again

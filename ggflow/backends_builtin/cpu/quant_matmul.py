@@ -310,7 +310,7 @@ def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: in
                  scratch: dict | None = None, x_source: Hashable | None = None) -> Callable[[], None]:
     """``mul_mat(pw, x, out)`` prepared once for arrays whose memory stays put (a compiled plan's views).
 
-    The checks, the choice of kernel and the activation buffers are settled here, so a call is one
+    The checks, the choice of kernel and the activation buffers are settled here, so a call is at most one
     quantization and one kernel: what mul_mat costs on top of them (~2 us) is paid per plan, not per
     step. n_threads: what the call runs on (None: numba's count now); one thread always runs serially.
     A product big enough for threads runs parallel or serial, whichever its size's recent calls found
