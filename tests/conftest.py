@@ -1,6 +1,7 @@
 """Shared fixtures: tiny models written once per session; numba's cache warmed beside a whole-suite run."""
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -22,6 +23,15 @@ def tiny_model_path(tmp_path_factory):
             write_tiny_model(path, arch, weight_type)
         return path
     return make
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_the_heap():
+    """The CLI commands, run in-process by tests, freeze the heap after loading (ggflow/process_heap.py): right
+    for a process that loads one model, a leak in one that loads hundreds. Each test gives it back."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 # -- the other core compiles ahead (tests/prewarm_kernels.py) ------------------------------------------------

@@ -321,6 +321,16 @@ def test_warmup_compiles_so_the_next_run_compiles_nothing(tmp_path):
     assert after.returncode == 0 and "compiling" not in after.stderr, after.stderr
 
 
+def test_a_command_freezes_what_it_loaded_out_of_the_collectors_full_passes(tiny_model_path, capsys):
+    import gc
+    gc.unfreeze()
+    assert main(["bench", "-m", str(tiny_model_path("llama")), "-p", "2", "-n", "2", "-r", "1", "-t", "1"]) == 0
+    assert gc.get_freeze_count() > 1000          # the model's objects and the rest of the process's heap
+    gc.unfreeze()
+    assert main(["run", "-m", str(tiny_model_path("llama")), "-p", "hi", "-n", "2", "-t", "1"]) == 0
+    assert gc.get_freeze_count() > 1000
+
+
 def test_bench_at_a_depth_names_its_tests_as_llama_bench_does_and_starts_each_run_there(tiny_model_path, capsys,
                                                                                      monkeypatch):
     import json

@@ -13,6 +13,7 @@ import numpy as np
 
 from ggflow.cli.args import int_at_least
 from ggflow.cli.common import KV_TYPES, backend_names, model_path
+from ggflow.process_heap import freeze_loaded_objects
 
 
 def add_parser(subparsers: Any) -> None:
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     n_ctx = max(256, depth + args.n_prompt + args.n_gen + 1)
     ctx = Context(model, n_ctx=n_ctx, backends=backend_names(args.backend), n_threads=args.threads,
                   type_k=args.cache_type_k, type_v=args.cache_type_v)
+    freeze_loaded_objects()
     rng = np.random.default_rng(0)
 
     def at_depth() -> None:

@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 
 from ggflow.cli.args import UsageError, int_at_least, model_file
+from ggflow.process_heap import freeze_loaded_objects
 
 KV_TYPES = ("F16", "F32")
 
@@ -92,6 +93,8 @@ def load_llm(args: argparse.Namespace):
 
     path = model_path(args)
     n_ctx = context_size(path, args.ctx_size, args.cache_type_k, args.cache_type_v)
-    return LLM(path, backend=backend_names(args.backend), n_ctx=n_ctx, n_threads=args.threads,
-               n_ubatch=args.ubatch_size, type_k=args.cache_type_k, type_v=args.cache_type_v,
-               seed=getattr(args, "seed", None))
+    llm = LLM(path, backend=backend_names(args.backend), n_ctx=n_ctx, n_threads=args.threads,
+              n_ubatch=args.ubatch_size, type_k=args.cache_type_k, type_v=args.cache_type_v,
+              seed=getattr(args, "seed", None))
+    freeze_loaded_objects()
+    return llm

@@ -11,6 +11,7 @@ from typing import Any
 from ggflow.cli.args import int_at_least, port_number
 from ggflow.cli.common import backend_names
 from ggflow.errors import GGFlowError
+from ggflow.process_heap import freeze_loaded_objects
 from ggflow.serving.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, ServerLimits
 
 
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
                                  max_queue=args.max_queue, backends=backend_names(args.backend),
                                  n_threads=args.threads, n_ubatch=args.ubatch_size,
                                  type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper())
+            freeze_loaded_objects()
             engine.start()
             state.engine = engine
             logging.getLogger("ggflow.serving").warning("model loaded: %s, %d slots, n_ctx %d",

@@ -81,10 +81,12 @@ class ModelServer:
     """One replica: one Engine, its own KV cache, the OpenAI app on it."""
 
     def __init__(self, config: RayServeConfig):
+        from ggflow.process_heap import freeze_loaded_objects
         from ggflow.serving.app import ServerState, create_app
         from ggflow.serving.engine import Engine
 
         self.engine = Engine.load(config.model_path, **config.engine)
+        freeze_loaded_objects()   # a replica's process is ggflow's (process_heap.py)
         self.engine.start()
         self.app = create_app(ServerState(model_name=config.model_name, api_key=config.api_key, engine=self.engine))
         self.replica = serve.get_replica_context().replica_id.unique_id
