@@ -253,3 +253,24 @@ def test_products_of_one_x_quantize_it_once_and_again_only_after_another_x(monke
     plan[2:] = []                                     # no other x between: x once per run, even when it changes
     x[...] = randn(4, k)
     assert run_and_check() == ["x"]
+
+
+def test_activations_an_in_place_op_rewrites_are_quantized_by_each_product_that_reads_them():
+    # x's first product, a cpy writing y into x's memory, then a product reading x in plan order after it: it
+    # must see y, as it does unshared (the plan runs nodes in order), not the first product's quantization
+    k = 64
+    w1, w3 = (leaf("Q8_0", quantize(randn(32, k), "Q8_0"), flags=TensorFlag.PARAM) for _ in range(2))
+    x = ops.scale(leaf("F32", randn(2, k)), 1.0)
+    y = leaf("F32", randn(2, k))
+    p1 = ops.mul_mat(w1, x)
+    written = ops.cpy(y, x)
+    p3 = ops.mul_mat(w3, x)
+    graph = Graph([p1, written, p3])
+    assert [n for n in graph.nodes if n.op in ("mul_mat", "cpy")] == [p1, written, p3]
+    for t in (*graph.leafs, *graph.nodes):
+        if t.view_src is None and t.buffer is None:
+            allocate(t)
+    CPUBackend().compute(graph.nodes)
+    expected = np.empty((2, 32), np.float32)
+    qmm.mul_mat(qmm.pack_weight(w3.numpy().reshape(32, -1), "Q8_0"), y.numpy().reshape(2, k), expected)
+    np.testing.assert_array_equal(p3.numpy().reshape(2, 32), expected)

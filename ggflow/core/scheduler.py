@@ -93,6 +93,8 @@ class Scheduler:
         self.graph: Graph | None = None
         self.splits: list[Split] = []
         self.home: dict[int, Backend] = {}          # tensor id -> backend whose memory holds it
+        # graphs allocated in the current buffers, which use() can make current again: id -> (graph, splits, home)
+        self._allocated: dict[int, tuple[Graph, list[Split], dict[int, Backend]]] = {}
         self.n_allocs = 0                           # times a graph was (re)allocated
         self.stats = SchedulerStats()
 
@@ -241,6 +243,7 @@ class Scheduler:
             have = self._buffers.get(backend.name)
             if need and (have is None or have.size < need):
                 self._buffers[backend.name] = backend.alloc_buffer(need)
+                self._allocated.clear()   # their tensors lie in the buffer just replaced
         for lt in lifetimes:
             pool, offset = placed[lt.tensor.id]
             lt.tensor.buffer, lt.tensor.offset = self._buffers[pool], offset
@@ -249,8 +252,27 @@ class Scheduler:
             home.update({c.dst.id: split.backend for c in (*split.copies, *split.weight_copies)})
             split.plan = split.backend.compile(split.nodes, split.substitutes)
         self.graph, self.splits, self.home = graph, splits, home
+        self._allocated[id(graph)] = (graph, splits, home)
         self.n_allocs += 1
         self._count_graph(graph, splits, home)
+
+    def use(self, graph: Graph) -> bool:
+        """Make a graph allocated earlier current again, as it was: True. False where it must be allocated
+        again: never allocated, forgotten, or placed in a buffer a larger graph has since replaced. Graphs
+        allocated here share the compute buffers (each has its own offsets in them): only the current one
+        computes, and a computation's inputs are set before it, so none needs another's contents."""
+        state = self._allocated.get(id(graph))
+        if state is None or state[0] is not graph:
+            return False
+        self.graph, self.splits, self.home = state
+        self._count_graph(*state)
+        return True
+
+    def forget(self, graph: Graph) -> None:
+        """Drop what use() keeps of a graph (its plans, its splits)."""
+        state = self._allocated.get(id(graph))
+        if state is not None and state[0] is graph:
+            del self._allocated[id(graph)]
 
     def _count_graph(self, graph: Graph, splits: list[Split], home: dict[int, Backend]) -> None:
         stats = self.stats

@@ -16,7 +16,7 @@ import numpy as np
 
 from ggflow.backends_builtin.cpu import spare_cores
 from ggflow.core.backend import Backend, BackendOptions, HostBuffer
-from ggflow.core.ops import PURE_VIEWS, Op, plugin_op
+from ggflow.core.ops import IN_PLACE, PURE_VIEWS, Op, plugin_op
 from ggflow.core.tensor import Tensor
 from ggflow.errors import BackendError
 
@@ -86,9 +86,10 @@ class CPUBackend(Backend):
         from ggflow.backends_builtin.cpu.arrays import TensorArrays
         arrays = TensorArrays(substitutes)
         from ggflow.backends_builtin.cpu.attention_pages import attention_chains, masked_products
+        written = {n.view_src.base() for n in nodes if n.op in IN_PLACE and n.view_src is not None}
         binders = {**_kernel_binders(), Op.MUL_MAT: partial(_mul_mat_binder(), weights=self.packed_weights,
                                                               n_threads=self.n_threads,
-                                                              masked=masked_products(nodes))}
+                                                              masked=masked_products(nodes), written=written)}
         from ggflow.backends_builtin.cpu.fusion import bind_fused
         steps = [n for n in nodes if n.op not in PURE_VIEWS and n.nelements != 0]   # views compute nothing
         attention = attention_chains(nodes) if self.fuse else {}

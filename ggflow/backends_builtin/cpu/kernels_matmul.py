@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 
@@ -94,18 +94,21 @@ class PackedWeights:
 
 
 def bind_mul_mat(node: Tensor, arrays: TensorArrays, weights: PackedWeights, n_threads: int | None = None,
-                 masked: Mapping[Tensor, tuple[Tensor, int]] | None = None) -> Kernel:
+                 masked: Mapping[Tensor, tuple[Tensor, int]] | None = None,
+                 written: Collection[Tensor] = ()) -> Kernel:
     """n_threads: the threads the plan runs on (None: numba's count), for the packed kernels' choice;
-    masked: the attention products that may skip the pages their tokens cannot see (attention_pages.py)."""
+    masked: the attention products that may skip the pages their tokens cannot see (attention_pages.py);
+    written: the tensors an in-place op of the plan writes into (set_rows, cpy into a view): a product
+    whose activations lie there quantizes them for itself, not once for all their products."""
     a, b = node.src
     packs = weights.get(a) if a not in arrays.substitutes else None
     if packs is not None:
-        return _bind_packed(packs, weights.kernels, node, arrays, n_threads)
+        return _bind_packed(packs, weights.kernels, node, arrays, n_threads, shared_x=b.base() not in written)
     return _bind_generic(node, arrays, (masked or {}).get(node))
 
 
 def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arrays: TensorArrays,
-                 n_threads: int | None) -> Kernel:
+                 n_threads: int | None, shared_x: bool = False) -> Kernel:
     a, b = node.src
     x_view, out = arrays.view(b), arrays.view(node)        # (B3, B2, n, k), (B3, B2, n, m)
     k, m = a.ne[0], a.ne[1]
@@ -117,7 +120,7 @@ def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arra
         pack, out_rows = packs[0][0], out.reshape(-1, m)    # node results are contiguous: a view
         if b.type.name == "F32" and x_view.flags.c_contiguous:   # x read where it lies: bound once
             return kernels.bind_mul_mat(pack, x_view.reshape(-1, k), out_rows, n_threads, arrays.shared,
-                                        x_source=b)
+                                        x_source=b if shared_x else None)
         return lambda: kernels.mul_mat(pack, load_x().reshape(-1, k), out_rows)
 
     r3, r2 = b.ne[3] // a.ne[3], b.ne[2] // a.ne[2]
