@@ -131,6 +131,54 @@ def test_decode_reuses_its_graph_while_the_shape_repeats(llama):
     assert (ctx.n_graph_builds, ctx.n_graph_reuses) == (2, 19)
 
 
+def test_graphs_of_recent_shapes_are_kept_and_run_again_after_others_used_the_buffers(llama):
+    # a serving loop's pattern: two sequences decoding, a step that also carries a prompt, decoding again
+    def run(ctx):
+        out, pos = [], {0: 8, 1: 8}    # two 8-token prompts first: the largest graph sizes the buffers
+        ctx.decode(Batch(np.array(TOKENS[:8] * 2), np.array(list(range(8)) * 2), np.repeat([0, 1], 8),
+                         np.ones(16, bool)))
+        for step in range(6):
+            seqs = sorted(pos)
+            tokens, positions, ids = [TOKENS[step]] * len(seqs), [pos[q] for q in seqs], seqs
+            if step == 3:   # sequence 2's prompt joins the step (its first token comes later)
+                tokens, positions, ids = tokens + TOKENS[3:8], positions + [0, 1, 2, 3, 4], ids + [2] * 5
+            assert ctx.decode(Batch(np.array(tokens), np.array(positions), np.array(ids),
+                                    np.ones(len(tokens), bool))) == DECODE_OK
+            out.append(ctx.get_logits().copy())
+            pos = {q: p + 1 for q, p in pos.items()}
+        return out
+
+    kept = ctx_for(llama, n_ctx=512)
+    got = run(kept)
+    # shapes (tokens, outputs): (16, 16), (2, 2) x3, (7, 7), (2, 2) x2: each built once
+    assert (kept.n_graph_builds, kept.n_graph_reuses) == (3, 4)
+    for a, b in zip(got, run(ctx_for(llama, n_ctx=512))):
+        np.testing.assert_array_equal(a, b)
+    # one graph kept at a time (each shape built again when it comes back): the same bits
+    import ggflow.core.context as context_module
+    one = ctx_for(llama, n_ctx=512)
+    original, context_module.GRAPHS_KEPT = context_module.GRAPHS_KEPT, 1
+    try:
+        for a, b in zip(got, run(one)):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        context_module.GRAPHS_KEPT = original
+    assert one.n_graph_builds == 4    # (2, 2) built again after (7, 7)
+
+
+def test_a_kept_graph_whose_buffer_a_larger_graph_replaced_is_built_again(llama):
+    ctx = ctx_for(llama, n_ctx=512)
+    ctx.decode(Batch.from_tokens(TOKENS[:2]))
+    ctx.decode(Batch.from_tokens([TOKENS[2]], pos0=2))            # one token: a small graph
+    ctx.decode(Batch.from_tokens(TOKENS * 8, pos0=3))             # 96 tokens: the compute buffer grows
+    builds = ctx.n_graph_builds
+    ctx.decode(Batch.from_tokens([TOKENS[3]], pos0=99))           # the one-token shape again, a new buffer
+    assert ctx.n_graph_builds == builds + 1
+    fresh = ctx_for(llama, n_ctx=512)
+    fresh.decode(Batch.from_tokens(TOKENS[:2] + [TOKENS[2]] + TOKENS * 8 + [TOKENS[3]], all_logits=True))
+    np.testing.assert_array_equal(ctx.get_logits()[-1], fresh.get_logits()[-1])
+
+
 def test_only_requested_logits_are_returned(llama):
     ctx = ctx_for(llama)
     logits = np.array([False, True, False, True, True])

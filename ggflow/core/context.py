@@ -1,14 +1,15 @@
 """Context.decode(batch): the inference loop.
 
 Run the memory's pending work (the K-shift) on the Context's scheduler, then place the whole batch in
-the memory as one transaction (no room: status 1, memory untouched). For each ubatch: reuse the previous
-graph when its shape parameters (n_tokens, n_outputs, n_kv) are equal or build and allocate a new one,
-set the inputs (token ids, positions, the memory's KV indices and mask, output ids), compute, and keep
+the memory as one transaction (no room: status 1, memory untouched). For each ubatch: reuse a graph built
+for the same shape parameters (n_tokens, n_outputs, n_kv; the last GRAPHS_KEPT shapes are kept, allocated
+in the scheduler's shared compute buffers) or build and allocate a new one, set the inputs (token ids, positions, the memory's KV indices and mask, output ids), compute, and keep
 the logits of the tokens that asked for them. The transaction commits when every ubatch has run; an
 exception rolls back everything the batch did.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,6 +28,12 @@ from ggflow.errors import BackendError, PluginError
 
 DECODE_OK = 0
 DECODE_NO_KV_SLOT = 1   # llama.cpp's contract: the batch did not fit; nothing changed
+# Graphs kept ready, by shape. One was enough for a single sequence (a prompt, then one decode shape); a
+# serving loop alternates: its slots' decode shape, a step that also carries a new prompt's chunk, then the
+# decode shape again, and each switch rebuilt and recompiled a graph (~20 ms for SmolLM2's 1054 nodes,
+# docs/performance.md, "Per-step overhead"). They share the compute buffers, so a kept graph costs its
+# Python objects and compiled plan, not memory for its tensors.
+GRAPHS_KEPT = 4
 
 
 @dataclass
@@ -55,7 +62,7 @@ class Context:
         if not isinstance(self.memory, Memory):
             raise PluginError(f"{type(model.arch).__name__}.create_memory returned a {type(self.memory).__name__}, "
                               f"not a ggflow.core.memory.Memory")
-        self._built: _BuiltGraph | None = None
+        self._graphs: OrderedDict[tuple, _BuiltGraph] = OrderedDict()   # by key, the most recently used last
         self.n_graph_builds = 0
         self.n_graph_reuses = 0
         self.embeddings = False   # outputs are hidden states (get_embeddings), not logits: set_embeddings
@@ -96,7 +103,7 @@ class Context:
         if self.memory.n_free < batch.n_tokens:
             return DECODE_NO_KV_SLOT
         if self.memory.update(self.scheduler):
-            self._built = None   # the update's graph was allocated on the scheduler in place of ours
+            self._forget_graphs()   # the update's graph was allocated on the scheduler: ours are allocated again
         placed = self.memory.begin(batch.split(self.n_ubatch))
         if placed is None:
             return DECODE_NO_KV_SLOT
@@ -111,17 +118,28 @@ class Context:
 
     def _graph_for(self, ub: UBatch, n_kv: int) -> _BuiltGraph:
         key = (ub.n_tokens, ub.n_outputs, n_kv, self.embeddings)
-        if self._built is not None and self._built.key == key:
-            self.n_graph_reuses += 1
-            return self._built
+        built = self._graphs.get(key)
+        if built is not None:
+            if self.scheduler.graph is built.graph or self.scheduler.use(built.graph):
+                self._graphs.move_to_end(key)
+                self.n_graph_reuses += 1
+                return built
+            del self._graphs[key]   # its memory was replaced by a larger graph's: built again below
         builder = GraphBuilder(self.model, self.memory, ub.n_tokens, ub.n_outputs, n_kv,
                                embeddings=self.embeddings)
         logits = builder.output(self.model.arch.build_graph(builder))
         graph = builder.finish(logits)
         self.scheduler.alloc(graph)
         self.n_graph_builds += 1
-        self._built = _BuiltGraph(key, graph, builder, logits)
-        return self._built
+        built = self._graphs[key] = _BuiltGraph(key, graph, builder, logits)
+        while len(self._graphs) > GRAPHS_KEPT:
+            self.scheduler.forget(self._graphs.popitem(last=False)[1].graph)
+        return built
+
+    def _forget_graphs(self) -> None:
+        for built in self._graphs.values():
+            self.scheduler.forget(built.graph)
+        self._graphs.clear()
 
     def _compute_ubatch(self, ub: UBatch, slot: Slot) -> np.ndarray:
         built = self._graph_for(ub, slot.n_kv)

@@ -30,3 +30,4 @@ def apply_k_shift(kv: "KVCache", scheduler: Scheduler) -> None:
     scheduler.alloc(graph)
     scheduler.set_input(shift, kv.shift)
     scheduler.compute(graph)
+    scheduler.forget(graph)   # run once: nothing to keep it ready for
