@@ -3,9 +3,10 @@
 Run the memory's pending work (the K-shift) on the Context's scheduler, then place the whole batch in
 the memory as one transaction (no room: status 1, memory untouched). For each ubatch: reuse a graph built
 for the same shape parameters (n_tokens, n_outputs, n_kv; the last GRAPHS_KEPT shapes are kept, allocated
-in the scheduler's shared compute buffers) or build and allocate a new one, set the inputs (token ids, positions, the memory's KV indices and mask, output ids), compute, and keep
-the logits of the tokens that asked for them. The transaction commits when every ubatch has run; an
-exception rolls back everything the batch did.
+in the scheduler's shared compute buffers) or build and allocate a new one, set the inputs (token ids,
+positions, the memory's KV indices and mask, output ids), compute, and keep the logits of the tokens that
+asked for them. The transaction commits when every ubatch has run; an exception rolls back everything the
+batch did.
 """
 from __future__ import annotations
 
