@@ -93,8 +93,8 @@ class Scheduler:
         self.graph: Graph | None = None
         self.splits: list[Split] = []
         self.home: dict[int, Backend] = {}          # tensor id -> backend whose memory holds it
-        # graphs allocated in the current buffers, which use() can make current again: id -> (graph, splits, home)
-        self._allocated: dict[int, tuple[Graph, list[Split], dict[int, Backend]]] = {}
+        # graphs allocated in the current buffers, which use() can make current again: graph -> (splits, home)
+        self._allocated: dict[Graph, tuple[list[Split], dict[int, Backend]]] = {}
         self.n_allocs = 0                           # times a graph was (re)allocated
         self.stats = SchedulerStats()
 
@@ -252,7 +252,7 @@ class Scheduler:
             home.update({c.dst.id: split.backend for c in (*split.copies, *split.weight_copies)})
             split.plan = split.backend.compile(split.nodes, split.substitutes)
         self.graph, self.splits, self.home = graph, splits, home
-        self._allocated[id(graph)] = (graph, splits, home)
+        self._allocated[graph] = (splits, home)
         self.n_allocs += 1
         self._count_graph(graph, splits, home)
 
@@ -261,18 +261,16 @@ class Scheduler:
         again: never allocated, forgotten, or placed in a buffer a larger graph has since replaced. Graphs
         allocated here share the compute buffers (each has its own offsets in them): only the current one
         computes, and a computation's inputs are set before it, so none needs another's contents."""
-        state = self._allocated.get(id(graph))
-        if state is None or state[0] is not graph:
+        state = self._allocated.get(graph)
+        if state is None:
             return False
-        self.graph, self.splits, self.home = state
-        self._count_graph(*state)
+        self.graph, (self.splits, self.home) = graph, state
+        self._count_graph(graph, *state)
         return True
 
     def forget(self, graph: Graph) -> None:
         """Drop what use() keeps of a graph (its plans, its splits)."""
-        state = self._allocated.get(id(graph))
-        if state is not None and state[0] is graph:
-            del self._allocated[id(graph)]
+        self._allocated.pop(graph, None)
 
     def _count_graph(self, graph: Graph, splits: list[Split], home: dict[int, Backend]) -> None:
         stats = self.stats

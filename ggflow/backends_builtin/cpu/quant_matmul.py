@@ -366,7 +366,7 @@ class _SharedActivations:
     def __init__(self, buffers: tuple[np.ndarray, np.ndarray, np.ndarray]):
         self.buffers = buffers
         self.holds: tuple | None = None      # the token of the x last quantized into buffers (None: unknown)
-        self._tokens: dict[tuple[int, int], tuple] = {}
+        self._tokens: dict[tuple, tuple] = {}   # (x_source, x's address) -> itself, the first one bound
 
     def token_for(self, x_source: Hashable | None, x: np.ndarray) -> tuple[tuple | None, bool]:
         """(the token that marks x's quantization in the buffers, whether this is the first product bound for
@@ -374,12 +374,9 @@ class _SharedActivations:
         previous run; without an x_source every product is a first."""
         if x_source is None:
             return None, True
-        key = (id(x_source), x.ctypes.data)
-        token = self._tokens.get(key)
-        if token is None:
-            self._tokens[key] = token = (x_source, x.ctypes.data)   # keeps x_source alive: its id stays its own
-            return token, True
-        return token, False
+        key = (x_source, x.ctypes.data)
+        token = self._tokens.setdefault(key, key)
+        return token, token is key
 
 
 def use_parallel(macs: int, n_threads: int) -> bool:
