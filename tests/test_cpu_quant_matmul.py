@@ -255,7 +255,7 @@ def test_q8_0_takes_the_quads_from_one_token_only_where_they_are_exact():
         assert (tmpl.batch_path(pw.kind, n) == "quads") == quads_are_exact(128)
 
 
-@pytest.mark.parametrize("w_type, quads_from", [("Q4_K", 2), ("Q5_0", 8)])
+@pytest.mark.parametrize("w_type, quads_from", [("Q2_K", 2), ("Q5_0", 8)])
 def test_products_take_the_quads_kernel_from_the_types_own_token_count(w_type, quads_from):
     q, _ = weight(w_type, 70, 256)
     pw = qmm.pack_weight(q, w_type)

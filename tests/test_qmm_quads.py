@@ -6,7 +6,7 @@ from numba import njit
 
 import ggflow
 from ggflow.backends_builtin.cpu import _qmm_template as tmpl, quant_matmul as qmm
-from ggflow.backends_builtin.cpu._qmm_quads import quad_sums
+from ggflow.backends_builtin.cpu._qmm_quads import nibble_quad_sums, quad_sums, quads_add_in_int32
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 from ggflow.core.types import type_traits
 
@@ -135,3 +135,86 @@ def test_quad_groups_int32_needs_groups_of_whole_quads_to_fall_back_on():
     with pytest.raises(ValueError, match="quad_groups_int32"):
         BlockPieces(32, 16, pieces.pack, pieces.block_sums, pieces.decode, pieces.accumulate, pieces.decode_quads,
                     quad_groups=1, accumulate_quads=pieces.accumulate_quads, quad_groups_int32=True)
+
+
+BLOCK_QUAD_TYPES = [t for t in QUAD_TYPES if qmm.cpu_pieces(type_traits(t)).block_quads is not None]
+
+
+def test_the_4_and_6_bit_types_read_their_quads_in_place():
+    assert set(BLOCK_QUAD_TYPES) == {"Q4_0", "Q4_1", "Q3_K", "Q4_K", "Q6_K"}
+
+
+def _block_quads(pieces, w, x8, xs, i0, ntok, nb, groups):
+    block_quads, qk = pieces.block_quads, pieces.block_size
+
+    @njit
+    def run(w, x8, xs):
+        part = np.full((nb, ntok, groups, ROWS), 12345, np.int32)
+        for b in range(nb):
+            if ntok == 2:
+                block_quads(w, 0, b, x8, xs, i0, 2, b * qk, part[b])
+            else:
+                block_quads(w, 0, b, x8, xs, i0, 1, b * qk, part[b])
+        return part
+    return run(w, x8, xs)
+
+
+@pytest.mark.parametrize("ntok", [1, 2])
+@pytest.mark.parametrize("w_type", BLOCK_QUAD_TYPES)
+def test_block_quads_are_the_group_sums_of_the_decoded_block(w_type, ntok):
+    """block_quads (the sums straight from the packed words) against the decoded values times the
+    activations in int64, per the groups the quads sum on this target; the extremes of the activations
+    against a row of the largest stored values."""
+    traits = type_traits(w_type)
+    pieces = qmm.cpu_pieces(traits)
+    qk, nb = traits.block_size, 2
+    k = nb * qk
+    wf = np.random.default_rng(5).standard_normal((ROWS, k)).astype(np.float32)
+    wf[0] = np.where(np.arange(k) % 2, 1.0, -1.0) * np.linspace(0.5, 1.0, k)
+    w = pieces.pack(ggflow.quantize(wf, w_type), ROWS, k)
+    wd, _ = _decoded(pieces, w, nb)
+    qgroups = tmpl.quad_plan(pieces, quads_add_in_int32())[0]
+    gsize = qk // qgroups
+    rng = np.random.default_rng(6 + ntok)
+    x8 = rng.integers(-128, 128, (4, k)).astype(np.int8)
+    i0 = 1
+    x8[i0, ::3] = -128
+    x8[i0 + ntok - 1, 1::5] = 127
+    xs = x8.astype(np.int64).reshape(4, -1, gsize).sum(axis=2).astype(np.int32)
+    part = _block_quads(pieces, w, x8, xs, i0, ntok, nb, qgroups)
+    for b in range(nb):
+        for u in range(ntok):
+            prod = wd[b].astype(np.int64) * x8[i0 + u, b * qk:(b + 1) * qk].astype(np.int64)[:, None]
+            np.testing.assert_array_equal(part[b, u], prod.reshape(qgroups, gsize, ROWS).sum(axis=1),
+                                          err_msg=f"block {b}, token {u}")
+
+
+@njit(cache=True)
+def _nibbles(words, highs, x8, part, xs, hs_lo, hs_hi):
+    nibble_quad_sums(words, highs, (0, 1, 2, 3, 1, hs_lo, hs_hi), x8, 0, 1, (8, 40, 0, 1, 2, 3), part, ROWS, 1,
+                     xs, 16, 0)
+
+
+def test_nibble_quad_sums_place_a_fifth_bit_and_take_the_bias_out():
+    """One high bit from highs (hbits=1, the Q5 layout a type may bring), at run-time shifts, bias 16."""
+    rng = np.random.default_rng(11)
+    words = rng.integers(-2 ** 31, 2 ** 31, (1, 2, 6, ROWS), dtype=np.int64).astype(np.int32)
+    highs = rng.integers(-2 ** 31, 2 ** 31, (1, 2, 6, ROWS), dtype=np.int64).astype(np.int32)
+    x8 = rng.integers(-128, 128, (1, 64)).astype(np.int8)
+    xs = np.arange(8, dtype=np.int32)[None, :] * 37 - 100
+    part = np.zeros((1, 2, ROWS), np.int32)
+    _nibbles(words, highs, x8, part, xs, 3, 6)
+    wb = words[0, 1, 2:5].view(np.uint8).reshape(3, ROWS, 4).astype(np.int64)     # [j, row, byte]
+    hb = highs[0, 1, 1:4].view(np.uint8).reshape(3, ROWS, 4).astype(np.int64)
+    for half, (o, shift, xg) in enumerate(((8, 3, 2), (40, 6, 3))):
+        vals = ((wb >> (4 * half)) & 15) | (((hb >> shift) & 1) << 4)               # 0..31
+        xq = x8[0, o:o + 12].astype(np.int64).reshape(3, 1, 4)
+        want = (vals * xq).sum(axis=(0, 2)) - 16 * xs[0, xg]
+        np.testing.assert_array_equal(part[0, half], want)
+
+
+def test_block_quads_need_decode_quads():
+    pieces = qmm.cpu_pieces(type_traits("Q4_0"))
+    with pytest.raises(ValueError, match="block_quads needs decode_quads"):
+        BlockPieces(32, 2, pieces.pack, pieces.block_sums, pieces.decode, pieces.accumulate,
+                    block_quads=pieces.block_quads)

@@ -5,7 +5,9 @@ over groups small enough for int16, then a loop that applies the integer sub-blo
 and the super-block scales in f32. The integers are ggml's; where ggml's quant is signed through an
 offset (Q3_K's -4) the offset comes out through the Q8_K ``bsums`` (sums of 16 activations).
 
-Packing keeps the quant bytes (as uint16 words, two bytes of a row per lane) and unpacks the 6-bit
+Packing keeps the quant bytes (as uint16 words, two bytes of a row per lane; Q3_K, Q4_K and Q6_K as 32-bit
+words, four bytes of a row per lane, which their products of a few tokens read as byte quads in place:
+``block_quads``, ``_qmm_quads.nibble_quad_sums``) and unpacks the 6-bit
 scale/min fields into one byte each, and the f16 super-block scales into f32 (memory: Q3_K +38
 bytes per 110, its quants being repacked as nibbles (see _q3_as_nibbles); Q4_K/Q5_K +4+4 per
 144/176, Q2_K +4 per 84, Q6_K +2 per 210).
@@ -28,6 +30,7 @@ from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, word_pair
 from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
 from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_slice
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_bits, f16_field, tile_rows
+from ggflow.backends_builtin.cpu._qmm_quads import nibble_quad_sums, quads_add_in_int32
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 
 F32 = np.float32
@@ -45,6 +48,11 @@ NEXT_BLOCK = 1
 # ---------------------------------------------------------------------------------------------- packing
 def _words(blocks: np.ndarray, start: int, nbytes: int) -> np.ndarray:
     return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + nbytes]).view(np.uint16))
+
+
+def _words32(blocks: np.ndarray, start: int, nbytes: int) -> np.ndarray:
+    """Quant bytes as 32-bit words, four bytes of a row a lane (int32: what nibble_quad_sums reads)."""
+    return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + nbytes]).view(np.int32))
 
 
 def _k4_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +83,7 @@ def pack_q2_k(w: np.ndarray, rows: int, k: int) -> tuple:
 
 def _q3_as_nibbles(blocks: np.ndarray) -> np.ndarray:
     """Q3_K's quants as unsigned u = q + 4 (0..7: 2 low bits | high bit << 2), stored as nibbles in
-    Q4_K's order (byte 32c + l: element 64c + l low, 64c + 32 + l high), as uint16 words.
+    Q4_K's order (byte 32c + l: element 64c + l low, 64c + 32 + l high), as Q4_K's 32-bit words.
 
     Element 128h + 32s + l has its 2 low bits at shift 2s of qs byte 32h + l and its high bit at
     bit 4h + s of hmask byte l. Cutting those out costs the kernel more than twice what a nibble
@@ -91,7 +99,7 @@ def _q3_as_nibbles(blocks: np.ndarray) -> np.ndarray:
                 ((hmask >> np.uint8(4 * h + s)) & np.uint8(1)) << np.uint8(2))
     u = u.reshape(rows, nb, 4, 2, 32)                                    # [c, lo/hi, l] -> 64c + 32hi + l
     nibbles = u[:, :, :, 0, :] | (u[:, :, :, 1, :] << np.uint8(4))
-    return tile_rows(np.ascontiguousarray(nibbles.reshape(rows, nb, 128)).view(np.uint16))
+    return tile_rows(np.ascontiguousarray(nibbles.reshape(rows, nb, 128)).view(np.int32))
 
 
 def pack_q3_k(w: np.ndarray, rows: int, k: int) -> tuple:
@@ -102,7 +110,7 @@ def pack_q3_k(w: np.ndarray, rows: int, k: int) -> tuple:
 def pack_q4_k(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // QK, 144)
     sc, mn = _k4_scales_mins(blocks[:, :, 4:16])
-    return (_words(blocks, 16, 128), tile_rows(sc), tile_rows(mn), tile_rows(f16_bits(blocks, 0)),
+    return (_words32(blocks, 16, 128), tile_rows(sc), tile_rows(mn), tile_rows(f16_bits(blocks, 0)),
             tile_rows(f16_bits(blocks, 2)))
 
 
@@ -115,7 +123,7 @@ def pack_q5_k(w: np.ndarray, rows: int, k: int) -> tuple:
 
 def pack_q6_k(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // QK, 210)
-    return (_words(blocks, 0, 128), _words(blocks, 128, 64),
+    return (_words32(blocks, 0, 128), _words32(blocks, 128, 64),
             tile_rows(np.ascontiguousarray(blocks[:, :, 192:208]).view(np.int8)),
             tile_rows(f16_field(blocks, 208)))   # as f32: widening it in accumulate cost Q6_K's matvec 4-5%
 
@@ -156,8 +164,10 @@ def _sum_q2_segment(qs, t, b, xq, i, o, q, part):
 
 
 # -------------------------------------------------------------------------------- Q4_K / Q5_K phase 1
-# qs word m (0..63) holds bytes 2m, 2m+1 of chunk c = m // 16 at l = 2m % 32: low nibbles are
-# elements 64c + l (sub-block 2c), high nibbles 64c + 32 + l (sub-block 2c + 1).
+# Q4_K's (and Q3_K's repacked) qs are 32-bit words: word m (0..31) holds bytes 4m .. 4m+3 of chunk c = m // 8
+# at l = 4m % 32: low nibbles are elements 64c + l .. (sub-block 2c), high nibbles 64c + 32 + l .. (2c + 1).
+# The one-token and small-batch path reads them as byte quads (nibble_quad_sums); the int16 path below
+# takes each word's two 16-bit halves (it runs only where the quads do not: see batch_path).
 
 @njit(cache=True, inline="always")
 def _sum_q4k_half(qs, t, b, xq, i, o, c, hf, part):
@@ -165,12 +175,13 @@ def _sum_q4k_half(qs, t, b, xq, i, o, c, hf, part):
     for r in range(R):
         lo = I16(0)
         hi = I16(0)
-        for mm in range(8):
-            m = 16 * c + 8 * hf + mm
-            v = I16(qs[t, b, m, r])
-            e = o + 64 * c + (2 * m) % 32
-            lo = I16(lo + _bits(v, 0, 15) * xq[i, e] + _bits(v, 8, 15) * xq[i, e + 1])
-            hi = I16(hi + _bits(v, 4, 15) * xq[i, e + 32] + _bits(v, 12, 15) * xq[i, e + 33])
+        for mm in range(4):
+            v32 = U32(qs[t, b, 8 * c + 4 * hf + mm, r])
+            for half in range(2):
+                v = I16((v32 >> U32(16 * half)) & U32(0xFFFF))
+                e = o + 64 * c + 16 * hf + 4 * mm + 2 * half
+                lo = I16(lo + _bits(v, 0, 15) * xq[i, e] + _bits(v, 8, 15) * xq[i, e + 1])
+                hi = I16(hi + _bits(v, 4, 15) * xq[i, e + 32] + _bits(v, 12, 15) * xq[i, e + 33])
         part[4 * c + hf, r] = lo
         part[4 * c + 2 + hf, r] = hi
 
@@ -207,6 +218,12 @@ def _sum_q5k_chunk(qs, qh, t, b, xq, i, o, c, part):
 # high bits of each come from qh byte 32h + l at shifts 2s and 2(s + 2): qh word 16h + l // 2.
 
 @njit(cache=True, inline="always")
+def _half_word(words, t, b, m, r):
+    """16-bit word m of a row's quant bytes (bytes 2m, 2m+1) kept as 32-bit words (Q6_K's ql and qh)."""
+    return I16((U32(words[t, b, m // 2, r]) >> U32(16 * (m % 2))) & U32(0xFFFF))
+
+
+@njit(cache=True, inline="always")
 def _q6_value(v, hw, byte, nib, s):
     low = _bits(v, 8 * byte + 4 * nib, 15)
     high = _bits(hw, 8 * byte + 2 * (s + 2 * nib), 3) << I16(4)
@@ -222,9 +239,9 @@ def _sum_q6_quarter(ql, qh, t, b, xq, i, o, h, s, qt, part):
         hi = I16(0)
         for mm in range(4):
             m = 32 * h + 16 * s + 4 * qt + mm
-            v = I16(ql[t, b, m, r])
+            v = _half_word(ql, t, b, m, r)
             l = (2 * m) % 32
-            hw = I16(qh[t, b, 16 * h + l // 2, r])
+            hw = _half_word(qh, t, b, 16 * h + l // 2, r)
             e = o + 128 * h + 32 * s + l
             lo = I16(lo + _q6_value(v, hw, 0, 0, s) * xq[i, e] + _q6_value(v, hw, 1, 0, s) * xq[i, e + 1])
             hi = I16(hi + _q6_value(v, hw, 0, 1, s) * xq[i, e + 64] + _q6_value(v, hw, 1, 1, s) * xq[i, e + 65])
@@ -335,14 +352,13 @@ def _decode_q2_k(qs, t, b, w):
 
 @njit(cache=True, inline="always")
 def _decode_q4_k(qs, t, b, w):
-    for m in range(64):
-        e = 64 * (m // 16) + (2 * m) % 32
+    for m in range(32):
+        e = 64 * (m // 8) + 4 * (m % 8)
         for r in range(R):
-            v = I16(qs[t, b, m, r])
-            w[e, r] = _bits(v, 0, 15)
-            w[e + 1, r] = _bits(v, 8, 15)
-            w[e + 32, r] = _bits(v, 4, 15)
-            w[e + 33, r] = _bits(v, 12, 15)
+            v = U32(qs[t, b, m, r])
+            for h in range(4):
+                w[e + h, r] = I16((v >> U32(8 * h)) & U32(15))
+                w[e + 32 + h, r] = I16((v >> U32(8 * h + 4)) & U32(15))
 
 
 @njit(cache=True, inline="always")
@@ -372,8 +388,8 @@ def _decode_q6_k_hs(ql, qh, t, b, h, s, w):
         l = (2 * m) % 32
         e = 128 * h + 32 * s + l
         for r in range(R):
-            v = I16(ql[t, b, m, r])
-            hw = I16(qh[t, b, 16 * h + l // 2, r])
+            v = _half_word(ql, t, b, m, r)
+            hw = _half_word(qh, t, b, 16 * h + l // 2, r)
             w[e, r] = _q6_value(v, hw, 0, 0, s)
             w[e + 1, r] = _q6_value(v, hw, 1, 0, s)
             w[e + 64, r] = _q6_value(v, hw, 0, 1, s)
@@ -408,7 +424,7 @@ def _quads_q4_k(qs, t, b, wq):
     for p in range(32):
         j = 16 * (p // 8) + p % 8          # low nibbles: elements 64 (p // 8) + 4 (p % 8); high ones 32 on
         for r in range(R):
-            v = word_pair(qs, t, b, 2 * p, r)
+            v = U32(qs[t, b, p, r])
             wq[j, r] = I32(v & U32(0x0F0F0F0F))
             wq[j + 8, r] = I32((v >> U32(4)) & U32(0x0F0F0F0F))
 
@@ -438,8 +454,8 @@ def _quads_q6_k_hs(ql, qh, t, b, h, s, wq):
     for p in range(8):
         j = 32 * h + 8 * s + p
         for r in range(R):
-            v = word_pair(ql, t, b, 32 * h + 16 * s + 2 * p, r)
-            hq = word_pair(qh, t, b, 16 * h + 2 * p, r)             # two bits per element: 2s (+4 high)
+            v = U32(ql[t, b, 16 * h + 8 * s + p, r])
+            hq = U32(qh[t, b, 8 * h + p, r])             # two bits per element: 2s (+4 high)
             wq[j, r] = I32((v & U32(0x0F0F0F0F)) | (((hq >> U32(2 * s)) & U32(0x03030303)) << U32(4)))
             wq[j + 16, r] = I32(((v >> U32(4)) & U32(0x0F0F0F0F)) | (((hq >> U32(2 * s + 4)) & U32(0x03030303)) << U32(4)))
 
@@ -502,6 +518,53 @@ def _q5_k_sums(w, t, b, xq, i, o, part):
 
 
 @njit(cache=True, inline="always")
+def _q4_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
+    """Q4_K's sums straight from its words, one a sub-block (quad_groups=8): chunk c's low nibbles are
+    sub-block 2c, its high ones 2c + 1; a quarter of the next block asked for before each chunk."""
+    qs = w[0]
+    prefetch_slice(w[1:], t, b, NEXT_BLOCK, 0, 1)
+    for c in range(4):
+        nibble_quad_sums(qs, qs, (t, b, 8 * c, 8, 0, 0, 0), x8, i, ntok,
+                         (o + 64 * c, o + 64 * c + 32, 2 * c, 2 * c + 1, 0, 0), part, R, 0, xs, 0, NEXT_BLOCK)
+
+
+@njit(cache=True, inline="always")
+def _q3_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
+    """Q3_K's sums (its quants repacked as Q4_K's nibbles), one a 16-element scale group (its 16 groups)."""
+    qs = w[0]
+    prefetch_slice(w[1:], t, b, NEXT_BLOCK, 0, 1)
+    for c in range(4):
+        for g4 in range(2):
+            nibble_quad_sums(qs, qs, (t, b, 8 * c + 4 * g4, 4, 0, 0, 0), x8, i, ntok,
+                             (o + 64 * c + 16 * g4, o + 64 * c + 32 + 16 * g4, 4 * c + g4, 4 * c + 2 + g4, 0, 0),
+                             part, R, 0, xs, 0, NEXT_BLOCK)
+
+
+# Q6_K's ql and qh are 32-bit words too: ql word 16h + 8s + j holds bytes 64h + 32s + 4j .., whose low nibbles
+# are elements 128h + 32s + 4j .. and high ones the same + 64; their two high bits are at shifts 2s and 2s + 4 of
+# qh word 8h + (j % 8) (byte 32h + 4j ..). A group of the quads is a scale's 16 elements (4 words) where they
+# add in int32, 8 (2 words) on AVX2, whose int16 pair sums would overflow past half of 8 x 63 x 128.
+Q6_GROUP_WORDS = 4 if quads_add_in_int32() else 2
+
+
+@njit(cache=True, inline="always")
+def _q6_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
+    """Q6_K's sums of (q + 32) x straight from its words, the bias 32 taken out through xs."""
+    ql, qh = w[0], w[1]
+    gsize = 4 * Q6_GROUP_WORDS
+    prefetch_slice(w[2:], t, b, NEXT_BLOCK, 0, 1)
+    for h in range(2):
+        for s in range(2):
+            for gi in range(8 // Q6_GROUP_WORDS):
+                e = 128 * h + 32 * s + gsize * gi
+                g_lo, g_hi = e // gsize, (e + 64) // gsize
+                nibble_quad_sums(ql, qh, (t, b, 16 * h + 8 * s + Q6_GROUP_WORDS * gi, Q6_GROUP_WORDS,
+                                          8 * h + Q6_GROUP_WORDS * gi, 2 * s, 2 * s + 4), x8, i, ntok,
+                                 (o + e, o + e + 64, g_lo, g_hi, b * (QK // gsize) + g_lo, b * (QK // gsize) + g_hi),
+                                 part, R, 2, xs, 32, NEXT_BLOCK)
+
+
+@njit(cache=True, inline="always")
 def _q2_k_dec(w, t, b, wd):
     _decode_q2_k(w[0], t, b, wd)
 
@@ -549,11 +612,13 @@ def _q5_k_quads_acc(acc, part, w, t, b, dx, xe, i):   # the quads' sums, one a s
 PIECES = {
     # quads_from: where the quads kernel measured faster than the tile one (docs/performance.md, Zen 3)
     "Q2_K": BlockPieces(QK, 16, pack_q2_k, _q2_k_sums, _q2_k_dec, _q2_k_acc, _q2_k_quads, quads_from=2),
-    "Q3_K": BlockPieces(QK, 16, pack_q3_k, _q4_k_sums, _q4_k_dec, _q3_k_acc, _q4_k_quads, quads_from=2),
-    "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc, _q4_k_quads, quads_from=2,
-                        quad_groups=8, accumulate_quads=_q4_k_quads_acc),
+    "Q3_K": BlockPieces(QK, 16, pack_q3_k, _q4_k_sums, _q4_k_dec, _q3_k_acc, _q4_k_quads, quads_from=1,
+                        block_quads=_q3_k_block_quads),
+    "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc, _q4_k_quads, quads_from=1,
+                        quad_groups=8, accumulate_quads=_q4_k_quads_acc, block_quads=_q4_k_block_quads),
     "Q5_K": BlockPieces(QK, 32, pack_q5_k, _q5_k_sums, _q5_k_dec, _q5_k_acc, _q5_k_quads, quads_from=3,
                         quad_groups=8, accumulate_quads=_q5_k_quads_acc, quad_groups_int32=True),
     "Q6_K": BlockPieces(QK, 32, pack_q6_k, _sum_q6_block, _decode_q6_k, _acc_q6_k, _q6_k_quads, quad_bias=32,
-                        quad_groups=16, accumulate_quads=_acc_q6_k_quads, quad_groups_int32=True),
+                        quad_groups=16, accumulate_quads=_acc_q6_k_quads, quad_groups_int32=True, quads_from=1,
+                        block_quads=_q6_k_block_quads),
 }

@@ -14,7 +14,10 @@ accumulation differs. Offsets of unsigned encodings (Q4_0's -8, Q5_0's -16) come
 activation block sums: sum((q - 8) * x) = sum(q * x) - 8 * sum(x).
 
 Quant bytes are read as little-endian uint16 words, two bytes of one row per lane: a 16-row load
-then needs no byte-to-word widening (a shuffle-port instruction), only shifts and masks.
+then needs no byte-to-word widening (a shuffle-port instruction), only shifts and masks. Q4_0 and Q4_1
+keep theirs as 32-bit words, four bytes of a row per lane: their products of up to a few tokens take the
+byte quads straight from those words (``block_quads``, ``_qmm_quads.nibble_quad_sums``), their nibbles
+masked in place, no decoded block in between.
 
 The j loops stay short (8 or 16 steps) so LLVM unrolls them completely and vectorizes the row loop
 around them; with a longer body the j loop stays rolled and nothing is vectorized. Helpers are
@@ -29,6 +32,7 @@ from numba import njit
 from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8, word_pair
 from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, tile_rows
+from ggflow.backends_builtin.cpu._qmm_quads import nibble_quad_sums
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 
 F32 = np.float32
@@ -45,6 +49,12 @@ def _nibble_words(blocks: np.ndarray, start: int) -> np.ndarray:
     return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + 16]).view(np.uint16))
 
 
+def _nibble_words32(blocks: np.ndarray, start: int) -> np.ndarray:
+    """The 16 nibble bytes of each block as 4 little-endian 32-bit words (int32), row-tiled: Q4_0 and Q4_1,
+    whose matvecs read them as byte quads (``_qmm_quads.nibble_quad_sums``)."""
+    return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + 16]).view(np.int32))
+
+
 def _high_bit_words(blocks: np.ndarray, start: int) -> np.ndarray:
     """The 32 fifth bits (qh) of each Q5 block as 2 uint16 words: elements 0..15, 16..31."""
     return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + 4]).view(np.uint16))
@@ -58,12 +68,12 @@ def _f16_words(blocks: np.ndarray, offset: int) -> np.ndarray:
 
 def pack_q4_0(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 18)
-    return _nibble_words(blocks, 2), _f16_words(blocks, 0)
+    return _nibble_words32(blocks, 2), _f16_words(blocks, 0)
 
 
 def pack_q4_1(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 20)
-    return _nibble_words(blocks, 4), _f16_words(blocks, 0), _f16_words(blocks, 2)
+    return _nibble_words32(blocks, 4), _f16_words(blocks, 0), _f16_words(blocks, 2)
 
 
 def pack_q5_0(w: np.ndarray, rows: int, k: int) -> tuple:
@@ -84,19 +94,25 @@ def pack_q8_0(w: np.ndarray, rows: int, k: int) -> tuple:
 
 
 # --------------------------------------------------------------------------------- nibble decoding
-# Word m of a 4-bit block holds bytes 2m, 2m+1: elements 2m, 2m+1 in its low nibbles, 2m+16, 2m+17
-# in its high ones (ggml puts element j in the low nibble of byte j and j+16 in its high nibble).
+# Word m of a Q5 block holds bytes 2m, 2m+1: elements 2m, 2m+1 in its low nibbles, 2m+16, 2m+17 in its
+# high ones (ggml puts element j in the low nibble of byte j and j+16 in its high nibble). Q4_0 and Q4_1
+# keep 32-bit words: word m4 is bytes 4m4 .. 4m4+3, elements 4m4 .. in its low nibbles, 4m4+16 .. in its
+# high ones; their one-pass sums below take each word's 16-bit halves (they run only where the byte
+# quads do not: _qmm_template.batch_path).
 
 @njit(cache=True, inline="always")
 def _sum_u4_block(qs, t, b, xq, i, o, part):
-    """part[0|1, :] = sums over elements 0..15 | 16..31 of the nibble times the activation."""
+    """part[0|1, :] = sums over elements 0..15 | 16..31 of the nibble times the activation (32-bit words)."""
     for r in range(R):
         lo = I16(0)
         hi = I16(0)
-        for m in range(8):
-            v = I16(qs[t, b, m, r])
-            lo = I16(lo + field(v, 0, 15) * xq[i, o + 2 * m] + field(v, 8, 15) * xq[i, o + 2 * m + 1])
-            hi = I16(hi + field(v, 4, 15) * xq[i, o + 16 + 2 * m] + field(v, 12, 15) * xq[i, o + 17 + 2 * m])
+        for m4 in range(4):
+            v32 = U32(qs[t, b, m4, r])
+            for half in range(2):
+                v = I16((v32 >> U32(16 * half)) & U32(0xFFFF))
+                m = 2 * m4 + half
+                lo = I16(lo + field(v, 0, 15) * xq[i, o + 2 * m] + field(v, 8, 15) * xq[i, o + 2 * m + 1])
+                hi = I16(hi + field(v, 4, 15) * xq[i, o + 16 + 2 * m] + field(v, 12, 15) * xq[i, o + 17 + 2 * m])
         part[0, r] = lo
         part[1, r] = hi
 
@@ -145,6 +161,16 @@ def _decode_u4(qs, t, b, w):
 
 
 @njit(cache=True, inline="always")
+def _decode_u4_words32(qs, t, b, w):
+    for m4 in range(4):
+        for r in range(R):
+            v = U32(qs[t, b, m4, r])
+            for h in range(4):
+                w[4 * m4 + h, r] = I16((v >> U32(8 * h)) & U32(15))
+                w[16 + 4 * m4 + h, r] = I16((v >> U32(8 * h + 4)) & U32(15))
+
+
+@njit(cache=True, inline="always")
 def _decode_u5(qs, qh, t, b, w):
     _decode_u4(qs, t, b, w)
     for j in range(16):
@@ -170,10 +196,10 @@ SIGN_BITS = U32(0x80808080)
 
 
 @njit(cache=True, inline="always")
-def _quads_u4(qs, t, b, wq):
+def _quads_u4(qs, t, b, wq):     # Q4_0 / Q4_1's 32-bit words
     for m4 in range(4):
         for r in range(R):
-            v = word_pair(qs, t, b, 2 * m4, r)
+            v = U32(qs[t, b, m4, r])
             wq[m4, r] = I32(v & NIBBLES)
             wq[4 + m4, r] = I32((v >> U32(4)) & NIBBLES)
 
@@ -246,7 +272,7 @@ def _q8_sums(w, t, b, xq, i, o, part):
 
 @njit(cache=True, inline="always")
 def _q4_decode(w, t, b, wd):
-    _decode_u4(w[0], t, b, wd)
+    _decode_u4_words32(w[0], t, b, wd)
 
 
 @njit(cache=True, inline="always")
@@ -262,6 +288,13 @@ def _q8_decode(w, t, b, wd):
 @njit(cache=True, inline="always")
 def _q4_quads(w, t, b, wq):
     _quads_u4(w[0], t, b, wq)
+
+
+@njit(cache=True, inline="always")
+def _q4_block_quads(w, t, b, x8, xs, i, ntok, o, part):
+    """Q4_0 / Q4_1's two group sums straight from their words: low nibbles elements 0..15, high 16..31."""
+    qs = w[0]
+    nibble_quad_sums(qs, qs, (t, b, 0, 4, 0, 0, 0), x8, i, ntok, (o, o + 16, 0, 1, 0, 0), part, R, 0, xs, 0, 0)
 
 
 @njit(cache=True, inline="always")
@@ -313,10 +346,10 @@ PREFETCH = 8192
 PIECES = {
     # quads_from: where the quads kernel measured faster than the tile one (docs/performance.md, Zen 3);
     # a Q5 quad costs shifts for its fifth bits and its groups of 8 twice the widening steps
-    "Q4_0": BlockPieces(32, 2, pack_q4_0, _q4_sums, _q4_decode, _q4_0_acc, _q4_quads, quads_from=2,
-                        prefetch_bytes=PREFETCH),
-    "Q4_1": BlockPieces(32, 2, pack_q4_1, _q4_sums, _q4_decode, _q4_1_acc, _q4_quads, quads_from=2,
-                        prefetch_bytes=PREFETCH),
+    "Q4_0": BlockPieces(32, 2, pack_q4_0, _q4_sums, _q4_decode, _q4_0_acc, _q4_quads, quads_from=1,
+                        block_quads=_q4_block_quads, prefetch_bytes=PREFETCH),
+    "Q4_1": BlockPieces(32, 2, pack_q4_1, _q4_sums, _q4_decode, _q4_1_acc, _q4_quads, quads_from=1,
+                        block_quads=_q4_block_quads, prefetch_bytes=PREFETCH),
     "Q5_0": BlockPieces(32, 4, pack_q5_0, _q5_sums, _q5_decode, _q5_0_acc, _q5_quads, quads_from=8,
                         prefetch_bytes=PREFETCH),
     "Q5_1": BlockPieces(32, 4, pack_q5_1, _q5_sums, _q5_decode, _q5_1_acc, _q5_quads, quads_from=8,

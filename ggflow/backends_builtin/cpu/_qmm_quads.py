@@ -82,6 +82,28 @@ def _products(builder, features, w, x):
     return total
 
 
+def _dot_kernel(builder, features):
+    """(step(acc, w, x) -> acc, the zero accumulator, finish(acc) -> the int32 sums) of one quad step per
+    int32 lane: vpdpbusd with AVX512-VNNI; on AVX2 vpmaddubsw into int16 pairs (_products), which finish
+    widens and adds with vpmaddwd; elsewhere plain IR, the four products of each lane added in int32."""
+    if _VNNI in features:
+        dot = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(_SUMS, [_SUMS] * 3))
+        return (lambda acc, w, x: builder.call(dot, [acc, w, x])), _ZERO, (lambda acc: acc)
+    step = lambda acc, w, x: builder.add(acc, _products(builder, features, w, x))   # noqa: E731
+    if "+avx2" not in features:
+        return step, _ZERO, (lambda acc: acc)
+    madd = builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(
+        ir.VectorType(_I32, 8), [_HALF16] * 2))
+
+    def finish(total):      # each row's two int16 pair sums added into its int32 lane
+        halves = []
+        for h in range(2):
+            sel = ir.Constant(ir.VectorType(_I32, 16), [16 * h + m for m in range(16)])
+            halves.append(builder.call(madd, [builder.shuffle_vector(total, total, sel), ir.Constant(_HALF16, [1] * 16)]))
+        return builder.shuffle_vector(halves[0], halves[1], ir.Constant(_SUMS, list(range(16))))
+    return step, ir.Constant(_PAIRS16, [0] * (2 * LANES)), finish
+
+
 @intrinsic
 def quad_sums(typingctx, wq, x8, i0, ntok, o, j0, nquads, part, g, rows, xs, xg, bias):
     """part[u, g, r] = sum over quads j0 .. j0+nquads-1 and h < 4 of (byte h of wq[j, r] - bias) *
@@ -115,14 +137,7 @@ def quad_sums(typingctx, wq, x8, i0, ntok, o, j0, nquads, part, g, rows, xs, xg,
             corrections.append(builder.shuffle_vector(
                 builder.insert_element(ir.Constant(_SUMS, ir.Undefined), scaled, ir.Constant(_I32, 0)),
                 ir.Constant(_SUMS, ir.Undefined), _SPLAT))
-        features = _target_features(context)
-        vnni, avx2 = _VNNI in features, "+avx2" in features
-        zero = _ZERO if vnni or not avx2 else ir.Constant(_PAIRS16, [0] * (2 * LANES))
-        if vnni:
-            dot = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(_SUMS, [_SUMS] * 3))
-        elif avx2:
-            madd = builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(
-                ir.VectorType(_I32, 8), [_HALF16] * 2))
+        dot_step, zero, finish = _dot_kernel(builder, _target_features(context))
         for q in range(nvec):   # 16 rows at a time: ntok accumulators stay in registers, even AVX2's 16
             accs = [cgutils.alloca_once_value(builder, zero) for _ in range(ntok_value)]
             with cgutils.for_range(builder, nq_v) as loop:
@@ -136,26 +151,136 @@ def quad_sums(typingctx, wq, x8, i0, ntok, o, j0, nquads, part, g, rows, xs, xg,
                     xb = builder.shuffle_vector(builder.insert_element(ir.Constant(_SUMS, ir.Undefined), xquad,
                                                                        ir.Constant(_I32, 0)),
                                                 ir.Constant(_SUMS, ir.Undefined), _SPLAT)
-                    acc = builder.load(accs[u])
-                    if vnni:
-                        acc = builder.call(dot, [acc, wvec, xb])
-                    else:
-                        acc = builder.add(acc, _products(builder, features, wvec, xb))
-                    builder.store(acc, accs[u])
+                    builder.store(dot_step(builder.load(accs[u]), wvec, xb), accs[u])
             for u in range(ntok_value):
                 prow = builder.bitcast(_row_pointer(context, builder, partty, part_v, ir.Constant(intp, u), g_v),
                                        _SUMS.as_pointer())
-                total = builder.load(accs[u])
-                if avx2 and not vnni:     # each row's two int16 pair sums added into its int32 lane
-                    halves = []
-                    for h in range(2):
-                        sel = ir.Constant(ir.VectorType(_I32, 16), [16 * h + m for m in range(16)])
-                        halves.append(builder.call(madd, [builder.shuffle_vector(total, total, sel),
-                                                          ir.Constant(_HALF16, [1] * 16)]))
-                    total = builder.shuffle_vector(halves[0], halves[1], ir.Constant(_SUMS, list(range(16))))
+                total = finish(builder.load(accs[u]))
                 if bias_value:
                     total = builder.sub(total, corrections[u])
                 builder.store(total, builder.gep(prow, [ir.Constant(intp, q)]), align=4)
         return context.get_dummy_value()
 
     return types.none(wq, x8, i0, ntok, o, j0, nquads, part, g, rows, xs, xg, bias), codegen
+
+
+_NIBBLES = ir.Constant(_SUMS, [0x0F0F0F0F] * LANES)
+_LINE = 64
+
+
+def _intp_members(context, builder, tupty, tup):
+    return [context.cast(builder, v, ty, types.intp)
+            for v, ty in zip(cgutils.unpack_tuple(builder, tup, len(tupty)), tupty)]
+_HIGH_MASKS = {1: 0x01010101, 2: 0x03030303}
+
+
+@intrinsic
+def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows, hbits, xs, bias, ahead):
+    """The quad sums of a packed 4-bit weight read straight from its words: no decoded block in between.
+
+    ``words`` (tiles, blocks, n_words, rows) int32, each lane four quant bytes of a row whose low nibbles
+    are the quad of elements ``o_lo + 4j ..`` and whose high nibbles the quad at ``o_hi + 4j``; with
+    ``hbits`` (1 or 2, a literal; 0: none) each quad's fifth (and sixth) bits come from ``highs`` (the same
+    layout), bits ``hs_lo`` (``hs_hi``) of each byte, ``hbits`` of them, placed at bit 4 of the byte.
+    For tokens u < ntok and rows r < rows (literals), with at = (t, b, m0, n, hm0, hs_lo, hs_hi) and
+    xat = (o_lo, o_hi, g_lo, g_hi, xg_lo, xg_hi):
+
+        part[u, g_lo, r] = sum over j < n of quad_lo(words[t, b, m0 + j, r], highs[t, b, hm0 + j, r])
+                           . x8[i0 + u, o_lo + 4j ..] - bias * xs[i0 + u, xg_lo]
+        part[u, g_hi, r]: the same with the high nibbles, o_hi, xg_hi
+
+    The sums are quad_sums' of the quads decode_quads would have written, so the same integers; what
+    this saves is the decoded block's stores and loads, which for one or two tokens cost as much as the
+    dot products (a Q4_K matvec in L2 runs in 19 us against the decode-then-sum path's 32: "Matrix
+    multiplication kernels" in docs/performance.md). Exact as quad_sums is (on AVX2 half a group's
+    products must fit int16, the pieces' bound).
+    """
+    arrays_ok = all(isinstance(a, types.Array) and a.layout == "C" and a.ndim == nd and a.dtype == dt
+                    for a, nd, dt in ((words, 4, types.int32), (highs, 4, types.int32), (x8, 2, types.int8),
+                                      (part, 3, types.int32), (xs, 2, types.int32)))
+    literals_ok = (all(isinstance(a, types.IntegerLiteral) for a in (ntok, rows, hbits, bias, ahead))
+                   and rows.literal_value % LANES == 0 and hbits.literal_value in (0, *_HIGH_MASKS))
+    tuples_ok = all(isinstance(a, types.BaseTuple) and len(a) == c and all(isinstance(m, types.Integer) for m in a)
+                    for a, c in ((at, 7), (xat, 6)))
+    if not (arrays_ok and literals_ok and tuples_ok and isinstance(i0, types.Integer)):
+        return None
+    ntok_value, nvec = ntok.literal_value, rows.literal_value // LANES
+    hbits_value, bias_value, ahead_value = hbits.literal_value, bias.literal_value, ahead.literal_value
+
+    def codegen(context, builder, sig, args):
+        intp = cgutils.intp_t
+        words_v, highs_v, x8_v, part_v, xs_v = args[0], args[1], args[3], args[7], args[10]
+        wty, hty, x8ty, partty, xsty = sig.args[0], sig.args[1], sig.args[3], sig.args[7], sig.args[10]
+        t_v, b_v, m0_v, n_v, hm0_v, hs_lo, hs_hi = _intp_members(context, builder, sig.args[2], args[2])
+        o_lo, o_hi, g_lo, g_hi, xg_lo, xg_hi = _intp_members(context, builder, sig.args[6], args[6])
+        i0_v = context.cast(builder, args[4], sig.args[4], types.intp)
+        features = _target_features(context)
+        dot_step, zero, finish = _dot_kernel(builder, features)
+        splat = lambda scalar: builder.shuffle_vector(            # noqa: E731
+            builder.insert_element(ir.Constant(_SUMS, ir.Undefined), scalar, ir.Constant(_I32, 0)),
+            ir.Constant(_SUMS, ir.Undefined), _SPLAT)
+        if hbits_value:
+            hmask = ir.Constant(_SUMS, [_HIGH_MASKS[hbits_value]] * LANES)
+            four = ir.Constant(_SUMS, [4] * LANES)
+            shift_lo, shift_hi = (splat(builder.trunc(s, _I32)) for s in (hs_lo, hs_hi))
+        halves = ((o_lo, g_lo, xg_lo), (o_hi, g_hi, xg_hi))
+        prefetch = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
+            ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32]))
+        # a pass takes as many rows as keep its accumulators in registers: all of them with AVX-512's 32
+        # vector registers, 16 at a time on AVX2's 16 (the 512-bit values there are register pairs)
+        per_pass = nvec if "+avx512f" in features else 1
+        for q0 in range(0, nvec, per_pass):
+            qs = range(q0, min(nvec, q0 + per_pass))
+            accs = {(h, u, q): cgutils.alloca_once_value(builder, zero)
+                    for h in range(2) for u in range(ntok_value) for q in qs}
+            with cgutils.for_range(builder, n_v) as loop:
+                j = loop.index
+                wrow = builder.bitcast(_row_pointer(context, builder, wty, words_v, t_v, b_v, builder.add(m0_v, j)),
+                                       _SUMS.as_pointer())
+                if hbits_value:
+                    hrow = builder.bitcast(_row_pointer(context, builder, hty, highs_v, t_v, b_v,
+                                                        builder.add(hm0_v, j)), _SUMS.as_pointer())
+                if ahead_value and q0 == 0:
+                    # the same words of the block `ahead` on (past a tile's last block: the next tile's first),
+                    # a few lines at a time, spread over the loop: asking for a whole block at once streams at
+                    # 30 GB/s, a few lines a step at 48 (docs/performance.md, "Prefetch granularity")
+                    b_next = builder.add(b_v, ir.Constant(intp, ahead_value))
+                    for arrty, arr, m_v in ((wty, words_v, m0_v), (hty, highs_v, hm0_v))[:1 + bool(hbits_value)]:
+                        nxt = _row_pointer(context, builder, arrty, arr, t_v, b_next, builder.add(m_v, j))
+                        for line in range(0, rows.literal_value * 4, _LINE):
+                            builder.call(prefetch, [builder.gep(nxt, [ir.Constant(intp, line)]), ir.Constant(_I32, 0),
+                                                    ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+                xquads = {}
+                for h, (o_v, _, _) in enumerate(halves):
+                    col = builder.add(o_v, builder.mul(j, ir.Constant(intp, 4)))
+                    for u in range(ntok_value):
+                        xrow = _row_pointer(context, builder, x8ty, x8_v, builder.add(i0_v, ir.Constant(intp, u)), col)
+                        xquads[h, u] = splat(builder.load(builder.bitcast(xrow, _I32.as_pointer()), align=1))
+                for q in qs:
+                    wvec = builder.load(builder.gep(wrow, [ir.Constant(intp, q)]), align=4)
+                    quads = [builder.and_(wvec, _NIBBLES), builder.and_(builder.lshr(wvec, ir.Constant(_SUMS, [4] * LANES)), _NIBBLES)]
+                    if hbits_value:
+                        hvec = builder.load(builder.gep(hrow, [ir.Constant(intp, q)]), align=4)
+                        quads = [builder.or_(quad, builder.shl(builder.and_(builder.lshr(hvec, shift), hmask), four))
+                                 for quad, shift in zip(quads, (shift_lo, shift_hi))]
+                    for h in range(2):
+                        for u in range(ntok_value):
+                            builder.store(dot_step(builder.load(accs[h, u, q]), quads[h], xquads[h, u]), accs[h, u, q])
+            for h, (_, g_v, xg_v) in enumerate(halves):
+                for u in range(ntok_value):
+                    row_u = builder.add(i0_v, ir.Constant(intp, u))
+                    correction = None
+                    if bias_value:
+                        xsp = builder.bitcast(_row_pointer(context, builder, xsty, xs_v, row_u), _I32.as_pointer())
+                        correction = splat(builder.mul(builder.load(builder.gep(xsp, [xg_v])),
+                                                       ir.Constant(_I32, bias_value)))
+                    prow = builder.bitcast(_row_pointer(context, builder, partty, part_v, ir.Constant(intp, u), g_v),
+                                           _SUMS.as_pointer())
+                    for q in qs:
+                        total = finish(builder.load(accs[h, u, q]))
+                        if correction is not None:
+                            total = builder.sub(total, correction)
+                        builder.store(total, builder.gep(prow, [ir.Constant(intp, q)]), align=4)
+        return context.get_dummy_value()
+
+    return types.none(words, highs, at, x8, i0, ntok, xat, part, rows, hbits, xs, bias, ahead), codegen

@@ -21,7 +21,12 @@ Types that bring ``decode_quads`` run products of ``quads_from`` tokens or more 
 ``_tile_quads``: each block decoded straight into byte quads (four elements of a row per int32 lane), the
 group sums of QUAD_TOKENS tokens per pass formed as int32 with byte dot products (``_qmm_quads.quad_sums``:
 ``vpmaddubsw`` on AVX2, ``vpdpbusd`` with AVX512-VNNI), a type's quad_bias taken out through the
-activations' group sums; ``accumulate`` reads the same integers, so the same bits again.
+activations' group sums; ``accumulate`` reads the same integers, so the same bits again. A type that also
+brings ``block_quads`` (the 4- and 6-bit types whose quant bytes are packed as 32-bit words) forms those sums
+straight from its packed words for products of up to BLOCK_QUADS_MAX_TOKENS tokens, decode and
+one-token matvec alike (``_qmm_quads.nibble_quad_sums``: the nibbles masked in registers, no decoded block
+stored and loaded again): in cache 1.3-2x faster than the int16 matvec, and 2-3x the decode-then-sum
+path at 2-4 tokens (docs/performance.md, "Eleventh session").
 
 How the pieces reach the skeleton. The drivers take a ``kind`` argument that numba types as a
 string literal (``numba.literally``); the tile function ``_tile`` is a stub ``@overload``ed per kind:
@@ -86,6 +91,9 @@ TOKEN_SUMS_MIN_GROUP = 8
 # a decoded block: two kept AVX2's 16 vector registers free of spills (Q4_1 1536 x 576 on a Zen 3, n = 4: four
 # per pass 1.3-1.6x slower than two). From how many tokens a type takes it is the type's (BlockPieces.quads_from).
 QUAD_TOKENS = 2
+# Types that bring block_quads (the quads' sums straight from the packed words) take it in the quads kernel for
+# products of up to this many tokens; past it a block decoded once (decode_quads) serves more tokens.
+BLOCK_QUADS_MAX_TOKENS = 4
 if PAIRS_MIN_TOKENS < TOKENS_PER_PASS:
     raise ImportError("PAIRS_MIN_TOKENS must be at least TOKENS_PER_PASS (the last pass re-reads the last tokens)")
 
@@ -341,14 +349,31 @@ def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
     qgroups, accumulate, groups = quad_plan(p, quads_add_in_int32())
     quads_per_group = qk // qgroups // 4
     ahead = p.prefetch_bytes
+    # a type without block_quads never takes that loop (direct_max 0); the stub only keeps it typed
+    block_quads = p.block_quads or _no_block_quads
+    direct_max = BLOCK_QUADS_MAX_TOKENS if p.block_quads is not None else 0
 
     def impl(kind, t, w, x8, xs, dx, xe, out):
         wide_vectors()
         nb = w[0].shape[1]
         n = out.shape[0]
         acc = np.zeros((n, R), F32)
-        wq = np.empty((qk // 4, R), I32)
         sums = np.zeros((QUAD_TOKENS, groups, R), I32)   # groups past qgroups stay 0: accumulate adds them
+        if n <= direct_max:
+            for b in range(nb):
+                if ahead:
+                    prefetch_slice(w, t, b, ahead, 0, 1)
+                for i in range(0, n - n % QUAD_TOKENS, QUAD_TOKENS):
+                    block_quads(w, t, b, x8, xs, i, QUAD_TOKENS, b * qk, sums)
+                    for u in range(QUAD_TOKENS):
+                        accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+                for i in range(n - n % QUAD_TOKENS, n):
+                    block_quads(w, t, b, x8, xs, i, 1, b * qk, sums)
+                    accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
+            for i in range(n):
+                _store_tile(acc[i], out, i, t)
+            return
+        wq = np.empty((qk // 4, R), I32)
         for b in range(nb):
             if ahead:
                 prefetch_slice(w, t, b, ahead, 0, 1)
@@ -367,6 +392,11 @@ def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
         for i in range(n):
             _store_tile(acc[i], out, i, t)
     return impl
+
+
+@njit(cache=True, inline="always")
+def _no_block_quads(w, t, b, x8, xs, i, ntok, o, part):
+    """Stands in for block_quads where a type has none (never called: see _ov_tile_quads)."""
 
 
 def quad_plan(p, int32_sums: bool) -> tuple:

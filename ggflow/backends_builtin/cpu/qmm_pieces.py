@@ -17,6 +17,11 @@ Q8_K), and the skeleton calls the type's pieces for each block ``b`` of each til
                                           half a group's products (value + bias) * 128 must fit int16 (on
                                           AVX2; bias 128, a whole signed byte as Q8_0's, takes the quads
                                           only where they add in 32 bits: AVX512-VNNI, not AVX2)
+    block_quads(w, t, b, x8, xs, i, ntok, o, part)   optional, with decode_quads: the quads' int32 sums of
+                                          tokens i .. i+ntok-1 (ntok a literal) read straight from the packed
+                                          words (``_qmm_quads.nibble_quad_sums``), part (ntok, groups, TILE);
+                                          products of up to BLOCK_QUADS_MAX_TOKENS tokens take it instead of
+                                          decode_quads + quad_sums
 
 ``w`` is the tuple ``pack`` returned. Groups are consecutive runs of ``block_size // groups`` elements
 whose products fit int16 (|q * x| summed over the group below 2**15); for batches the skeleton forms
@@ -62,6 +67,8 @@ class BlockPieces:
                              # block_sums, one int32 sum a block in the quads; the K-quants: one a scale)
     accumulate_quads: Callable | None = None   # accumulate for the quads' quad_groups sums (None: accumulate,
                                                # reading groups - quad_groups zeros)
+    block_quads: Callable | None = None   # optional: the quads' sums straight from the packed words, no decoded
+                                          # block (needs decode_quads, which larger batches still take)
     quad_groups_int32: bool = False   # quad_groups only where the quads add in int32 (AVX512-VNNI, plain IR):
                                       # on AVX2 their int16 pair sums hold half a quad group, and half of these
                                       # bigger groups' products may not fit (Q5_K, Q6_K), so there the quads sum
@@ -79,6 +86,8 @@ class BlockPieces:
         if self.decode_quads is not None and (self.block_size // self.quad_group_count) % 4:
             raise ValueError(f"BlockPieces: decode_quads needs groups of a multiple of 4 elements, got "
                              f"{self.block_size // self.quad_group_count}")
+        if self.block_quads is not None and self.decode_quads is None:
+            raise ValueError("BlockPieces: block_quads needs decode_quads (batches past BLOCK_QUADS_MAX_TOKENS take it)")
         if self.quads_from < 1:
             raise ValueError(f"BlockPieces: quads_from={self.quads_from} must be at least 1 token")
         if self.quad_groups_int32 and (not self.quad_groups or (self.block_size // self.groups) % 4):
@@ -94,7 +103,7 @@ class BlockPieces:
         return self.quad_groups or self.groups
 
     def functions(self) -> tuple[Callable, ...]:
-        extra = tuple(f for f in (self.decode_quads, self.accumulate_quads) if f is not None)
+        extra = tuple(f for f in (self.decode_quads, self.accumulate_quads, self.block_quads) if f is not None)
         return (self.pack, self.block_sums, self.decode, self.accumulate) + extra
 
 
