@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, word_pair
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, half_word, word_pair
 from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
 from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_slice
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_bits, f16_field, tile_rows
@@ -218,12 +218,6 @@ def _sum_q5k_chunk(qs, qh, t, b, xq, i, o, c, part):
 # high bits of each come from qh byte 32h + l at shifts 2s and 2(s + 2): qh word 16h + l // 2.
 
 @njit(cache=True, inline="always")
-def _half_word(words, t, b, m, r):
-    """16-bit word m of a row's quant bytes (bytes 2m, 2m+1) kept as 32-bit words (Q6_K's ql and qh)."""
-    return I16((U32(words[t, b, m // 2, r]) >> U32(16 * (m % 2))) & U32(0xFFFF))
-
-
-@njit(cache=True, inline="always")
 def _q6_value(v, hw, byte, nib, s):
     low = _bits(v, 8 * byte + 4 * nib, 15)
     high = _bits(hw, 8 * byte + 2 * (s + 2 * nib), 3) << I16(4)
@@ -239,9 +233,9 @@ def _sum_q6_quarter(ql, qh, t, b, xq, i, o, h, s, qt, part):
         hi = I16(0)
         for mm in range(4):
             m = 32 * h + 16 * s + 4 * qt + mm
-            v = _half_word(ql, t, b, m, r)
+            v = half_word(ql, t, b, m, r)
             l = (2 * m) % 32
-            hw = _half_word(qh, t, b, 16 * h + l // 2, r)
+            hw = half_word(qh, t, b, 16 * h + l // 2, r)
             e = o + 128 * h + 32 * s + l
             lo = I16(lo + _q6_value(v, hw, 0, 0, s) * xq[i, e] + _q6_value(v, hw, 1, 0, s) * xq[i, e + 1])
             hi = I16(hi + _q6_value(v, hw, 0, 1, s) * xq[i, e + 64] + _q6_value(v, hw, 1, 1, s) * xq[i, e + 65])
@@ -388,8 +382,8 @@ def _decode_q6_k_hs(ql, qh, t, b, h, s, w):
         l = (2 * m) % 32
         e = 128 * h + 32 * s + l
         for r in range(R):
-            v = _half_word(ql, t, b, m, r)
-            hw = _half_word(qh, t, b, 16 * h + l // 2, r)
+            v = half_word(ql, t, b, m, r)
+            hw = half_word(qh, t, b, 16 * h + l // 2, r)
             w[e, r] = _q6_value(v, hw, 0, 0, s)
             w[e + 1, r] = _q6_value(v, hw, 1, 0, s)
             w[e + 64, r] = _q6_value(v, hw, 0, 1, s)

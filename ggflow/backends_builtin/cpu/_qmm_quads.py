@@ -165,6 +165,8 @@ def quad_sums(typingctx, wq, x8, i0, ntok, o, j0, nquads, part, g, rows, xs, xg,
 
 
 _NIBBLES = ir.Constant(_SUMS, [0x0F0F0F0F] * LANES)
+_SIGN_BITS = ir.Constant(_SUMS, [-0x7F7F7F80] * LANES)     # 0x80808080 as a signed int32
+SIGNED_BYTES = -1         # nibble_quad_sums' hbits for words of whole signed bytes (Q8_0)
 _LINE = 64
 
 
@@ -182,6 +184,8 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
     are the quad of elements ``o_lo + 4j ..`` and whose high nibbles the quad at ``o_hi + 4j``; with
     ``hbits`` (1 or 2, a literal; 0: none) each quad's fifth (and sixth) bits come from ``highs`` (the same
     layout), bits ``hs_lo`` (``hs_hi``) of each byte, ``hbits`` of them, placed at bit 4 of the byte.
+    ``hbits`` SIGNED_BYTES (-1): the bytes are whole signed values (Q8_0's), one quad a word with its sign
+    bits flipped (+ 128: pass bias 128), summed into g_lo only (o_hi, g_hi, xg_hi unused).
     For tokens u < ntok and rows r < rows (literals), with at = (t, b, m0, n, hm0, hs_lo, hs_hi) and
     xat = (o_lo, o_hi, g_lo, g_hi, xg_lo, xg_hi):
 
@@ -199,7 +203,7 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
                     for a, nd, dt in ((words, 4, types.int32), (highs, 4, types.int32), (x8, 2, types.int8),
                                       (part, 3, types.int32), (xs, 2, types.int32)))
     literals_ok = (all(isinstance(a, types.IntegerLiteral) for a in (ntok, rows, hbits, bias, ahead))
-                   and rows.literal_value % LANES == 0 and hbits.literal_value in (0, *_HIGH_MASKS))
+                   and rows.literal_value % LANES == 0 and hbits.literal_value in (SIGNED_BYTES, 0, *_HIGH_MASKS))
     tuples_ok = all(isinstance(a, types.BaseTuple) and len(a) == c and all(isinstance(m, types.Integer) for m in a)
                     for a, c in ((at, 7), (xat, 6)))
     if not (arrays_ok and literals_ok and tuples_ok and isinstance(i0, types.Integer)):
@@ -219,11 +223,11 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
         splat = lambda scalar: builder.shuffle_vector(            # noqa: E731
             builder.insert_element(ir.Constant(_SUMS, ir.Undefined), scalar, ir.Constant(_I32, 0)),
             ir.Constant(_SUMS, ir.Undefined), _SPLAT)
-        if hbits_value:
+        if hbits_value > 0:
             hmask = ir.Constant(_SUMS, [_HIGH_MASKS[hbits_value]] * LANES)
             four = ir.Constant(_SUMS, [4] * LANES)
             shift_lo, shift_hi = (splat(builder.trunc(s, _I32)) for s in (hs_lo, hs_hi))
-        halves = ((o_lo, g_lo, xg_lo), (o_hi, g_hi, xg_hi))
+        halves = ((o_lo, g_lo, xg_lo), (o_hi, g_hi, xg_hi))[:1 if hbits_value == SIGNED_BYTES else 2]
         prefetch = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
             ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32]))
         # a pass takes as many rows as keep its accumulators in registers: all of them with AVX-512's 32
@@ -232,12 +236,12 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
         for q0 in range(0, nvec, per_pass):
             qs = range(q0, min(nvec, q0 + per_pass))
             accs = {(h, u, q): cgutils.alloca_once_value(builder, zero)
-                    for h in range(2) for u in range(ntok_value) for q in qs}
+                    for h in range(len(halves)) for u in range(ntok_value) for q in qs}
             with cgutils.for_range(builder, n_v) as loop:
                 j = loop.index
                 wrow = builder.bitcast(_row_pointer(context, builder, wty, words_v, t_v, b_v, builder.add(m0_v, j)),
                                        _SUMS.as_pointer())
-                if hbits_value:
+                if hbits_value > 0:
                     hrow = builder.bitcast(_row_pointer(context, builder, hty, highs_v, t_v, b_v,
                                                         builder.add(hm0_v, j)), _SUMS.as_pointer())
                 if ahead_value and q0 == 0:
@@ -245,7 +249,7 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
                     # a few lines at a time, spread over the loop: asking for a whole block at once streams at
                     # 30 GB/s, a few lines a step at 48 (docs/performance.md, "Prefetch granularity")
                     b_next = builder.add(b_v, ir.Constant(intp, ahead_value))
-                    for arrty, arr, m_v in ((wty, words_v, m0_v), (hty, highs_v, hm0_v))[:1 + bool(hbits_value)]:
+                    for arrty, arr, m_v in ((wty, words_v, m0_v), (hty, highs_v, hm0_v))[:1 + (hbits_value > 0)]:
                         nxt = _row_pointer(context, builder, arrty, arr, t_v, b_next, builder.add(m_v, j))
                         for line in range(0, rows.literal_value * 4, _LINE):
                             builder.call(prefetch, [builder.gep(nxt, [ir.Constant(intp, line)]), ir.Constant(_I32, 0),
@@ -258,12 +262,16 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
                         xquads[h, u] = splat(builder.load(builder.bitcast(xrow, _I32.as_pointer()), align=1))
                 for q in qs:
                     wvec = builder.load(builder.gep(wrow, [ir.Constant(intp, q)]), align=4)
-                    quads = [builder.and_(wvec, _NIBBLES), builder.and_(builder.lshr(wvec, ir.Constant(_SUMS, [4] * LANES)), _NIBBLES)]
-                    if hbits_value:
+                    if hbits_value == SIGNED_BYTES:
+                        quads = [builder.xor(wvec, _SIGN_BITS)]
+                    else:
+                        quads = [builder.and_(wvec, _NIBBLES),
+                                 builder.and_(builder.lshr(wvec, ir.Constant(_SUMS, [4] * LANES)), _NIBBLES)]
+                    if hbits_value > 0:
                         hvec = builder.load(builder.gep(hrow, [ir.Constant(intp, q)]), align=4)
                         quads = [builder.or_(quad, builder.shl(builder.and_(builder.lshr(hvec, shift), hmask), four))
                                  for quad, shift in zip(quads, (shift_lo, shift_hi))]
-                    for h in range(2):
+                    for h in range(len(halves)):
                         for u in range(ntok_value):
                             builder.store(dot_step(builder.load(accs[h, u, q]), quads[h], xquads[h, u]), accs[h, u, q])
             for h, (_, g_v, xg_v) in enumerate(halves):
