@@ -140,8 +140,8 @@ def test_quad_groups_int32_needs_groups_of_whole_quads_to_fall_back_on():
 BLOCK_QUAD_TYPES = [t for t in QUAD_TYPES + ["Q8_0"] if qmm.cpu_pieces(type_traits(t)).block_quads is not None]
 
 
-def test_the_4_6_and_8_bit_types_read_their_quads_in_place():
-    assert set(BLOCK_QUAD_TYPES) == {"Q4_0", "Q4_1", "Q8_0", "Q3_K", "Q4_K", "Q6_K"}
+def test_the_4_5_6_and_8_bit_types_read_their_quads_in_place():
+    assert set(BLOCK_QUAD_TYPES) == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q6_K"}
 
 
 def _block_quads(pieces, w, x8, xs, i0, ntok, nb, groups):

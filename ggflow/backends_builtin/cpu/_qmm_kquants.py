@@ -606,13 +606,13 @@ def _q5_k_quads_acc(acc, part, w, t, b, dx, xe, i):   # the quads' sums, one a s
 PIECES = {
     # quads_from: where the quads kernel measured faster than the tile one (docs/performance.md, Zen 3)
     "Q2_K": BlockPieces(QK, 16, pack_q2_k, _q2_k_sums, _q2_k_dec, _q2_k_acc, _q2_k_quads, quads_from=2),
-    "Q3_K": BlockPieces(QK, 16, pack_q3_k, _q4_k_sums, _q4_k_dec, _q3_k_acc, _q4_k_quads, quads_from=1,
+    "Q3_K": BlockPieces(QK, 16, pack_q3_k, _q4_k_sums, _q4_k_dec, _q3_k_acc, _q4_k_quads, quads_from=2,
                         block_quads=_q3_k_block_quads),
-    "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc, _q4_k_quads, quads_from=1,
+    "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc, _q4_k_quads, quads_from=2,
                         quad_groups=8, accumulate_quads=_q4_k_quads_acc, block_quads=_q4_k_block_quads),
     "Q5_K": BlockPieces(QK, 32, pack_q5_k, _q5_k_sums, _q5_k_dec, _q5_k_acc, _q5_k_quads, quads_from=3,
                         quad_groups=8, accumulate_quads=_q5_k_quads_acc, quad_groups_int32=True),
     "Q6_K": BlockPieces(QK, 32, pack_q6_k, _sum_q6_block, _decode_q6_k, _acc_q6_k, _q6_k_quads, quad_bias=32,
-                        quad_groups=16, accumulate_quads=_acc_q6_k_quads, quad_groups_int32=True, quads_from=1,
+                        quad_groups=16, accumulate_quads=_acc_q6_k_quads, quad_groups_int32=True,
                         block_quads=_q6_k_block_quads),
 }

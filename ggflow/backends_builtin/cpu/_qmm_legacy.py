@@ -13,11 +13,12 @@ The integer sums are exactly the ones ggml's ``vec_dot`` forms; only the order o
 accumulation differs. Offsets of unsigned encodings (Q4_0's -8, Q5_0's -16) come out through the
 activation block sums: sum((q - 8) * x) = sum(q * x) - 8 * sum(x).
 
-Quant bytes are read as little-endian uint16 words, two bytes of one row per lane: a 16-row load
-then needs no byte-to-word widening (a shuffle-port instruction), only shifts and masks. Q4_0 and Q4_1
-keep theirs as 32-bit words, four bytes of a row per lane: their products of up to a few tokens take the
-byte quads straight from those words (``block_quads``, ``_qmm_quads.nibble_quad_sums``), their nibbles
-masked in place, no decoded block in between.
+Quant bytes are kept as little-endian 32-bit words, four bytes of one row per lane (Q5's fifth bits as one
+32-bit mask a block): products of up to a few tokens take the byte quads straight from those words
+(``block_quads``, ``_qmm_quads.nibble_quad_sums``: nibbles masked, fifth bits spread, Q8_0's sign bits flipped,
+in registers), no decoded block in between. The int16 one-pass sums read each word's 16-bit halves
+(``half_word``: a 16-row load then needs no byte-to-word widening, only shifts and masks); they run where
+the quads are not exact (Q8_0 without VNNI) or a test asks for them.
 
 The j loops stay short (8 or 16 steps) so LLVM unrolls them completely and vectorizes the row loop
 around them; with a longer body the j loop stays rolled and nothing is vectorized. Helpers are
@@ -32,7 +33,7 @@ from numba import njit
 from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, half_word, sext8, word_pair
 from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, tile_rows
-from ggflow.backends_builtin.cpu._qmm_quads import SIGNED_BYTES, nibble_quad_sums
+from ggflow.backends_builtin.cpu._qmm_quads import BIT_MASK, SIGNED_BYTES, nibble_quad_sums
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 
 F32 = np.float32
@@ -44,20 +45,15 @@ check_tile(R, __name__)
 
 
 # ---------------------------------------------------------------------------------------------- packing
-def _nibble_words(blocks: np.ndarray, start: int) -> np.ndarray:
-    """The 16 nibble bytes of each block as 8 little-endian uint16 words, row-tiled."""
-    return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + 16]).view(np.uint16))
-
-
 def _nibble_words32(blocks: np.ndarray, start: int) -> np.ndarray:
     """The 16 nibble bytes of each block as 4 little-endian 32-bit words (int32), row-tiled: Q4_0 and Q4_1,
     whose matvecs read them as byte quads (``_qmm_quads.nibble_quad_sums``)."""
     return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + 16]).view(np.int32))
 
 
-def _high_bit_words(blocks: np.ndarray, start: int) -> np.ndarray:
-    """The 32 fifth bits (qh) of each Q5 block as 2 uint16 words: elements 0..15, 16..31."""
-    return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + 4]).view(np.uint16))
+def _high_bit_mask(blocks: np.ndarray, start: int) -> np.ndarray:
+    """The 32 fifth bits (qh) of each Q5 block as one 32-bit mask (bit e: element e), row-tiled (tiles, nb, 1, TILE)."""
+    return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + 4]).view(np.int32))
 
 
 def _f16_words(blocks: np.ndarray, offset: int) -> np.ndarray:
@@ -78,12 +74,12 @@ def pack_q4_1(w: np.ndarray, rows: int, k: int) -> tuple:
 
 def pack_q5_0(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 22)
-    return _nibble_words(blocks, 6), _high_bit_words(blocks, 2), _f16_words(blocks, 0)
+    return _nibble_words32(blocks, 6), _high_bit_mask(blocks, 2), _f16_words(blocks, 0)
 
 
 def pack_q5_1(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 24)
-    return (_nibble_words(blocks, 8), _high_bit_words(blocks, 4), _f16_words(blocks, 0),
+    return (_nibble_words32(blocks, 8), _high_bit_mask(blocks, 4), _f16_words(blocks, 0),
             _f16_words(blocks, 2))
 
 
@@ -124,11 +120,11 @@ def _sum_u5_half(qs, qh, t, b, xq, i, o, m0, part, p0):
     for r in range(R):
         lo = I16(0)
         hi = I16(0)
-        hl = I16(qh[t, b, 0, r])
-        hh = I16(qh[t, b, 1, r])
+        hl = half_word(qh, t, b, 0, r)
+        hh = half_word(qh, t, b, 1, r)
         for mm in range(4):
             m = m0 + mm
-            v = I16(qs[t, b, m, r])
+            v = half_word(qs, t, b, m, r)
             lo = I16(lo + I16(field(v, 0, 15) | bit_to(hl, 2 * m, 4)) * xq[i, o + 2 * m]
                      + I16(field(v, 8, 15) | bit_to(hl, 2 * m + 1, 4)) * xq[i, o + 2 * m + 1])
             hi = I16(hi + I16(field(v, 4, 15) | bit_to(hh, 2 * m, 4)) * xq[i, o + 16 + 2 * m]
@@ -150,17 +146,6 @@ def _sum_i8_block(qs, t, b, xq, i, o, part):
 # Decode a block of a row tile once into w (32, R) int16, then multiply it into every token.
 
 @njit(cache=True, inline="always")
-def _decode_u4(qs, t, b, w):
-    for m in range(8):
-        for r in range(R):
-            v = I16(qs[t, b, m, r])
-            w[2 * m, r] = field(v, 0, 15)
-            w[2 * m + 1, r] = field(v, 8, 15)
-            w[16 + 2 * m, r] = field(v, 4, 15)
-            w[17 + 2 * m, r] = field(v, 12, 15)
-
-
-@njit(cache=True, inline="always")
 def _decode_u4_words32(qs, t, b, w):
     for m4 in range(4):
         for r in range(R):
@@ -172,11 +157,11 @@ def _decode_u4_words32(qs, t, b, w):
 
 @njit(cache=True, inline="always")
 def _decode_u5(qs, qh, t, b, w):
-    _decode_u4(qs, t, b, w)
+    _decode_u4_words32(qs, t, b, w)
     for j in range(16):
         for r in range(R):
-            w[j, r] |= bit_to(qh[t, b, 0, r], j, 4)
-            w[16 + j, r] |= bit_to(qh[t, b, 1, r], j, 4)
+            w[j, r] |= bit_to(half_word(qh, t, b, 0, r), j, 4)
+            w[16 + j, r] |= bit_to(half_word(qh, t, b, 1, r), j, 4)
 
 
 @njit(cache=True, inline="always")
@@ -222,9 +207,10 @@ def _bits_to_bytes(x):
 def _quads_u5(qs, qh, t, b, wq):
     for m4 in range(4):
         for r in range(R):
-            v = word_pair(qs, t, b, 2 * m4, r)
-            wq[m4, r] = I32((v & NIBBLES) | _bits_to_bytes(U32(qh[t, b, 0, r]) >> U32(4 * m4)))
-            wq[4 + m4, r] = I32(((v >> U32(4)) & NIBBLES) | _bits_to_bytes(U32(qh[t, b, 1, r]) >> U32(4 * m4)))
+            v = U32(qs[t, b, m4, r])
+            h = U32(qh[t, b, 0, r])
+            wq[m4, r] = I32((v & NIBBLES) | _bits_to_bytes(h >> U32(4 * m4)))
+            wq[4 + m4, r] = I32(((v >> U32(4)) & NIBBLES) | _bits_to_bytes(h >> U32(16 + 4 * m4)))
 
 
 # ------------------------------------------------------------------------------------ the pieces
@@ -298,6 +284,15 @@ def _q4_block_quads(w, t, b, x8, xs, i, ntok, o, part):
 
 
 @njit(cache=True, inline="always")
+def _q5_block_quads(w, t, b, x8, xs, i, ntok, o, part):
+    """Q5_0 / Q5_1's four 8-element group sums straight from their words, the fifth bits spread from the mask."""
+    qs, qh = w[0], w[1]
+    for g in range(2):
+        nibble_quad_sums(qs, qh, (t, b, 2 * g, 2, 0, 8 * g, 16 + 8 * g), x8, i, ntok,
+                         (o + 8 * g, o + 16 + 8 * g, g, 2 + g, 0, 0), part, R, BIT_MASK, xs, 0, 0)
+
+
+@njit(cache=True, inline="always")
 def _q8_block_quads(w, t, b, x8, xs, i, ntok, o, part):
     """Q8_0's one sum a block straight from its words, each byte + 128 (its sign bit flipped), 128 * sum(x) out."""
     qs = w[0]
@@ -351,16 +346,17 @@ def _q8_0_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, d
 PREFETCH = 8192
 
 PIECES = {
-    # quads_from: where the quads kernel measured faster than the tile one (docs/performance.md, Zen 3);
-    # a Q5 quad costs shifts for its fifth bits and its groups of 8 twice the widening steps
-    "Q4_0": BlockPieces(32, 2, pack_q4_0, _q4_sums, _q4_decode, _q4_0_acc, _q4_quads, quads_from=1,
+    # quads_from: from where the decoded quads measured faster than the tile kernel (docs/performance.md, Zen 3;
+    # a Q5 quad costs shifts for its fifth bits and its groups of 8 twice the widening steps); up to
+    # BLOCK_QUADS_MAX_TOKENS tokens every type here with block_quads takes those (_qmm_template.batch_path)
+    "Q4_0": BlockPieces(32, 2, pack_q4_0, _q4_sums, _q4_decode, _q4_0_acc, _q4_quads, quads_from=2,
                         block_quads=_q4_block_quads, prefetch_bytes=PREFETCH),
-    "Q4_1": BlockPieces(32, 2, pack_q4_1, _q4_sums, _q4_decode, _q4_1_acc, _q4_quads, quads_from=1,
+    "Q4_1": BlockPieces(32, 2, pack_q4_1, _q4_sums, _q4_decode, _q4_1_acc, _q4_quads, quads_from=2,
                         block_quads=_q4_block_quads, prefetch_bytes=PREFETCH),
     "Q5_0": BlockPieces(32, 4, pack_q5_0, _q5_sums, _q5_decode, _q5_0_acc, _q5_quads, quads_from=8,
-                        prefetch_bytes=PREFETCH),
+                        block_quads=_q5_block_quads, prefetch_bytes=PREFETCH),
     "Q5_1": BlockPieces(32, 4, pack_q5_1, _q5_sums, _q5_decode, _q5_1_acc, _q5_quads, quads_from=8,
-                        prefetch_bytes=PREFETCH),
+                        block_quads=_q5_block_quads, prefetch_bytes=PREFETCH),
     # Q8_0's quads hold whole signed bytes (bias 128): batch_path takes them only where that is exact
     # (VNNI), and there from one token: 12-20% faster than the int16 matvec (Sapphire Rapids), 2-3x batched
     "Q8_0": BlockPieces(32, 16, pack_q8_0, _q8_sums, _q8_decode, _q8_0_acc, _q8_quads, quad_bias=128,

@@ -167,6 +167,18 @@ def quad_sums(typingctx, wq, x8, i0, ntok, o, j0, nquads, part, g, rows, xs, xg,
 _NIBBLES = ir.Constant(_SUMS, [0x0F0F0F0F] * LANES)
 _SIGN_BITS = ir.Constant(_SUMS, [-0x7F7F7F80] * LANES)     # 0x80808080 as a signed int32
 SIGNED_BYTES = -1         # nibble_quad_sums' hbits for words of whole signed bytes (Q8_0)
+BIT_MASK = 4              # ... for fifth bits kept as one 32-bit mask a row and block (Q5_0, Q5_1)
+# x * 0x00204081 adds x, x << 7, x << 14 and x << 21: for x < 16 the copies' bits never overlap, and bit h of x
+# lands on bit 8h, the low bit of byte h (no carries: the four copies' bits are 7 apart)
+_SPREAD = ir.Constant(_SUMS, [0x00204081] * LANES)
+_LOW_NIBBLE = ir.Constant(_SUMS, [0xF] * LANES)
+_BYTE_LOW_BITS = ir.Constant(_SUMS, [0x01010101] * LANES)
+
+
+def _spread_four_bits(builder, bits):
+    """Bits 0..3 of each lane to bit 4 of its bytes 0..3 (a quad's fifth bits beside their nibbles)."""
+    spread = builder.and_(builder.mul(builder.and_(bits, _LOW_NIBBLE), _SPREAD), _BYTE_LOW_BITS)
+    return builder.shl(spread, ir.Constant(_SUMS, [4] * LANES))
 _LINE = 64
 
 
@@ -186,6 +198,9 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
     layout), bits ``hs_lo`` (``hs_hi``) of each byte, ``hbits`` of them, placed at bit 4 of the byte.
     ``hbits`` SIGNED_BYTES (-1): the bytes are whole signed values (Q8_0's), one quad a word with its sign
     bits flipped (+ 128: pass bias 128), summed into g_lo only (o_hi, g_hi, xg_hi unused).
+    ``hbits`` BIT_MASK (4): each quad's fifth bits are four consecutive bits of one 32-bit mask a row,
+    ``highs[t, b, hm0, r]`` for every j (Q5_0's and Q5_1's qh: bit e for element e), from bit ``hs_lo + 4j``
+    (``hs_hi + 4j``), spread to bit 4 of the quad's bytes.
     For tokens u < ntok and rows r < rows (literals), with at = (t, b, m0, n, hm0, hs_lo, hs_hi) and
     xat = (o_lo, o_hi, g_lo, g_hi, xg_lo, xg_hi):
 
@@ -203,7 +218,8 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
                     for a, nd, dt in ((words, 4, types.int32), (highs, 4, types.int32), (x8, 2, types.int8),
                                       (part, 3, types.int32), (xs, 2, types.int32)))
     literals_ok = (all(isinstance(a, types.IntegerLiteral) for a in (ntok, rows, hbits, bias, ahead))
-                   and rows.literal_value % LANES == 0 and hbits.literal_value in (SIGNED_BYTES, 0, *_HIGH_MASKS))
+                   and rows.literal_value % LANES == 0
+                   and hbits.literal_value in (SIGNED_BYTES, 0, *_HIGH_MASKS, BIT_MASK))
     tuples_ok = all(isinstance(a, types.BaseTuple) and len(a) == c and all(isinstance(m, types.Integer) for m in a)
                     for a, c in ((at, 7), (xat, 6)))
     if not (arrays_ok and literals_ok and tuples_ok and isinstance(i0, types.Integer)):
@@ -223,9 +239,10 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
         splat = lambda scalar: builder.shuffle_vector(            # noqa: E731
             builder.insert_element(ir.Constant(_SUMS, ir.Undefined), scalar, ir.Constant(_I32, 0)),
             ir.Constant(_SUMS, ir.Undefined), _SPLAT)
-        if hbits_value > 0:
+        if hbits_value in _HIGH_MASKS:
             hmask = ir.Constant(_SUMS, [_HIGH_MASKS[hbits_value]] * LANES)
             four = ir.Constant(_SUMS, [4] * LANES)
+        if hbits_value > 0:
             shift_lo, shift_hi = (splat(builder.trunc(s, _I32)) for s in (hs_lo, hs_hi))
         halves = ((o_lo, g_lo, xg_lo), (o_hi, g_hi, xg_hi))[:1 if hbits_value == SIGNED_BYTES else 2]
         prefetch = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
@@ -241,19 +258,23 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
                 j = loop.index
                 wrow = builder.bitcast(_row_pointer(context, builder, wty, words_v, t_v, b_v, builder.add(m0_v, j)),
                                        _SUMS.as_pointer())
-                if hbits_value > 0:
-                    hrow = builder.bitcast(_row_pointer(context, builder, hty, highs_v, t_v, b_v,
-                                                        builder.add(hm0_v, j)), _SUMS.as_pointer())
+                if hbits_value > 0:     # BIT_MASK: one mask word a row for the whole call
+                    hword = hm0_v if hbits_value == BIT_MASK else builder.add(hm0_v, j)
+                    hrow = builder.bitcast(_row_pointer(context, builder, hty, highs_v, t_v, b_v, hword),
+                                           _SUMS.as_pointer())
                 if ahead_value and q0 == 0:
                     # the same words of the block `ahead` on (past a tile's last block: the next tile's first),
                     # a few lines at a time, spread over the loop: asking for a whole block at once streams at
                     # 30 GB/s, a few lines a step at 48 (docs/performance.md, "Prefetch granularity")
                     b_next = builder.add(b_v, ir.Constant(intp, ahead_value))
-                    for arrty, arr, m_v in ((wty, words_v, m0_v), (hty, highs_v, hm0_v))[:1 + (hbits_value > 0)]:
+                    for arrty, arr, m_v in ((wty, words_v, m0_v), (hty, highs_v, hm0_v))[:1 + (hbits_value in _HIGH_MASKS)]:
                         nxt = _row_pointer(context, builder, arrty, arr, t_v, b_next, builder.add(m_v, j))
                         for line in range(0, rows.literal_value * 4, _LINE):
                             builder.call(prefetch, [builder.gep(nxt, [ir.Constant(intp, line)]), ir.Constant(_I32, 0),
                                                     ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+                if hbits_value == BIT_MASK:       # bits hs + 4j .. hs + 4j + 3 of the mask are quad j's
+                    four_j = splat(builder.trunc(builder.mul(j, ir.Constant(intp, 4)), _I32))
+                    shifts_j = [builder.add(shift_lo, four_j), builder.add(shift_hi, four_j)]
                 xquads = {}
                 for h, (o_v, _, _) in enumerate(halves):
                     col = builder.add(o_v, builder.mul(j, ir.Constant(intp, 4)))
@@ -267,10 +288,14 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
                     else:
                         quads = [builder.and_(wvec, _NIBBLES),
                                  builder.and_(builder.lshr(wvec, ir.Constant(_SUMS, [4] * LANES)), _NIBBLES)]
-                    if hbits_value > 0:
+                    if hbits_value in _HIGH_MASKS:
                         hvec = builder.load(builder.gep(hrow, [ir.Constant(intp, q)]), align=4)
                         quads = [builder.or_(quad, builder.shl(builder.and_(builder.lshr(hvec, shift), hmask), four))
                                  for quad, shift in zip(quads, (shift_lo, shift_hi))]
+                    elif hbits_value == BIT_MASK:
+                        hvec = builder.load(builder.gep(hrow, [ir.Constant(intp, q)]), align=4)
+                        quads = [builder.or_(quad, _spread_four_bits(builder, builder.lshr(hvec, shift)))
+                                 for quad, shift in zip(quads, shifts_j)]
                     for h in range(len(halves)):
                         for u in range(ntok_value):
                             builder.store(dot_step(builder.load(accs[h, u, q]), quads[h], xquads[h, u]), accs[h, u, q])

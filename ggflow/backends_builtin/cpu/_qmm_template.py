@@ -467,12 +467,14 @@ Kernel = Callable[..., None]
 
 def batch_path(kind: str, n_tokens: int) -> str:
     """Which kernel a product of n_tokens of the type ``kind`` names (register_pieces) runs, all giving the
-    same bits: "quads" from the type's quads_from where it has decode_quads (and they are exact for its bias
-    on this target: ``_qmm_quads.quads_are_exact``), "pairs" from PAIRS_MIN_TOKENS
+    same bits: "quads" from the type's quads_from where it has decode_quads, and up to BLOCK_QUADS_MAX_TOKENS
+    where it also has block_quads (where they are exact for its bias on this target:
+    ``_qmm_quads.quads_are_exact``), "pairs" from PAIRS_MIN_TOKENS
     where the target has AVX-512 (``_qmm_pairs.pairs_are_fast``), else "tile" (the matvec up to
     MATVEC_MAX_TOKENS, then decoded blocks)."""
     pieces = _PIECES[kind]     # the pieces the kind was compiled with, even if the type was registered again
-    if pieces.decode_quads is not None and n_tokens >= pieces.quads_from and quads_are_exact(pieces.quad_bias):
+    quads = pieces.block_quads is not None and n_tokens <= BLOCK_QUADS_MAX_TOKENS or n_tokens >= pieces.quads_from
+    if pieces.decode_quads is not None and quads and quads_are_exact(pieces.quad_bias):
         return "quads"
     if n_tokens >= PAIRS_MIN_TOKENS and pairs_are_fast():
         return "pairs"
