@@ -6,7 +6,7 @@ from numba import njit
 
 import ggflow
 from ggflow.backends_builtin.cpu import _qmm_template as tmpl, quant_matmul as qmm
-from ggflow.backends_builtin.cpu._qmm_quads import nibble_quad_sums, quad_sums, quads_add_in_int32, quads_are_exact
+from ggflow.backends_builtin.cpu._qmm_quads import word_quad_sums, quad_sums, quads_add_in_int32, quads_are_exact
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 from ggflow.core.types import type_traits
 
@@ -141,7 +141,7 @@ BLOCK_QUAD_TYPES = [t for t in QUAD_TYPES + ["Q8_0"] if qmm.cpu_pieces(type_trai
 
 
 def test_the_4_5_6_and_8_bit_types_read_their_quads_in_place():
-    assert set(BLOCK_QUAD_TYPES) == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q6_K"}
+    assert set(BLOCK_QUAD_TYPES) == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 
 
 def _block_quads(pieces, w, x8, xs, i0, ntok, nb, groups):
@@ -194,11 +194,11 @@ def test_block_quads_are_the_group_sums_of_the_decoded_block(w_type, ntok):
 
 @njit(cache=True)
 def _nibbles(words, highs, x8, part, xs, hs_lo, hs_hi):
-    nibble_quad_sums(words, highs, (0, 1, 2, 3, 1, hs_lo, hs_hi), x8, 0, 1, (8, 40, 0, 1, 2, 3), part, ROWS, 1,
+    word_quad_sums(words, highs, (0, 1, 2, 3, 1, hs_lo, hs_hi), x8, 0, 1, (8, 40, 0, 1, 2, 3), part, ROWS, 1,
                      xs, 16, 0)
 
 
-def test_nibble_quad_sums_place_a_fifth_bit_and_take_the_bias_out():
+def test_word_quad_sums_place_a_fifth_bit_and_take_the_bias_out():
     """One high bit from highs (hbits=1, the Q5 layout a type may bring), at run-time shifts, bias 16."""
     rng = np.random.default_rng(11)
     words = rng.integers(-2 ** 31, 2 ** 31, (1, 2, 6, ROWS), dtype=np.int64).astype(np.int32)

@@ -5,9 +5,9 @@ over groups small enough for int16, then a loop that applies the integer sub-blo
 and the super-block scales in f32. The integers are ggml's; where ggml's quant is signed through an
 offset (Q3_K's -4) the offset comes out through the Q8_K ``bsums`` (sums of 16 activations).
 
-Packing keeps the quant bytes (as uint16 words, two bytes of a row per lane; Q3_K, Q4_K and Q6_K as 32-bit
+Packing keeps the quant bytes (as uint16 words, two bytes of a row per lane; Q3_K-Q6_K as 32-bit
 words, four bytes of a row per lane, which their products of a few tokens read as byte quads in place:
-``block_quads``, ``_qmm_quads.nibble_quad_sums``) and unpacks the 6-bit
+``block_quads``, ``_qmm_quads.word_quad_sums``) and unpacks the 6-bit
 scale/min fields into one byte each, and the f16 super-block scales into f32 (memory: Q3_K +38
 bytes per 110, its quants being repacked as nibbles (see _q3_as_nibbles); Q4_K/Q5_K +4+4 per
 144/176, Q2_K +4 per 84, Q6_K +2 per 210).
@@ -30,7 +30,7 @@ from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, half_word, wor
 from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
 from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_slice
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_bits, f16_field, tile_rows
-from ggflow.backends_builtin.cpu._qmm_quads import nibble_quad_sums, quads_add_in_int32
+from ggflow.backends_builtin.cpu._qmm_quads import word_quad_sums, quads_add_in_int32
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 
 F32 = np.float32
@@ -51,7 +51,7 @@ def _words(blocks: np.ndarray, start: int, nbytes: int) -> np.ndarray:
 
 
 def _words32(blocks: np.ndarray, start: int, nbytes: int) -> np.ndarray:
-    """Quant bytes as 32-bit words, four bytes of a row a lane (int32: what nibble_quad_sums reads)."""
+    """Quant bytes as 32-bit words, four bytes of a row a lane (int32: what word_quad_sums reads)."""
     return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + nbytes]).view(np.int32))
 
 
@@ -117,7 +117,7 @@ def pack_q4_k(w: np.ndarray, rows: int, k: int) -> tuple:
 def pack_q5_k(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // QK, 176)
     sc, mn = _k4_scales_mins(blocks[:, :, 4:16])
-    return (_words(blocks, 48, 128), _words(blocks, 16, 32), tile_rows(sc), tile_rows(mn),
+    return (_words32(blocks, 48, 128), _words32(blocks, 16, 32), tile_rows(sc), tile_rows(mn),
             tile_rows(f16_bits(blocks, 0)), tile_rows(f16_bits(blocks, 2)))
 
 
@@ -166,7 +166,7 @@ def _sum_q2_segment(qs, t, b, xq, i, o, q, part):
 # -------------------------------------------------------------------------------- Q4_K / Q5_K phase 1
 # Q4_K's (and Q3_K's repacked) qs are 32-bit words: word m (0..31) holds bytes 4m .. 4m+3 of chunk c = m // 8
 # at l = 4m % 32: low nibbles are elements 64c + l .. (sub-block 2c), high nibbles 64c + 32 + l .. (2c + 1).
-# The one-token and small-batch path reads them as byte quads (nibble_quad_sums); the int16 path below
+# The one-token and small-batch path reads them as byte quads (word_quad_sums); the int16 path below
 # takes each word's two 16-bit halves (it runs only where the quads do not: see batch_path).
 
 @njit(cache=True, inline="always")
@@ -195,8 +195,8 @@ def _sum_q5k_quarter(qs, qh, t, b, xq, i, o, c, qt, part):
         hi = I16(0)
         for mm in range(4):
             m = 16 * c + 4 * qt + mm
-            v = I16(qs[t, b, m, r])
-            hb = I16(qh[t, b, m % 16, r])
+            v = half_word(qs, t, b, m, r)
+            hb = half_word(qh, t, b, m % 16, r)
             e = o + 64 * c + (2 * m) % 32
             lo = I16(lo + I16(_bits(v, 0, 15) | _bit_to(hb, 2 * c, 4)) * xq[i, e]
                      + I16(_bits(v, 8, 15) | _bit_to(hb, 8 + 2 * c, 4)) * xq[i, e + 1])
@@ -360,8 +360,8 @@ def _decode_q5_k_chunk(qs, qh, t, b, c, w):
     for m in range(16 * c, 16 * c + 16):
         e = 64 * c + (2 * m) % 32
         for r in range(R):
-            v = I16(qs[t, b, m, r])
-            hb = I16(qh[t, b, m % 16, r])
+            v = half_word(qs, t, b, m, r)
+            hb = half_word(qh, t, b, m % 16, r)
             w[e, r] = _bits(v, 0, 15) | _bit_to(hb, 2 * c, 4)
             w[e + 1, r] = _bits(v, 8, 15) | _bit_to(hb, 8 + 2 * c, 4)
             w[e + 32, r] = _bits(v, 4, 15) | _bit_to(hb, 2 * c + 1, 4)
@@ -428,8 +428,8 @@ def _quads_q5_k_chunk(qs, qh, t, b, c, wq):
     for p in range(8 * c, 8 * c + 8):
         j = 16 * c + p % 8
         for r in range(R):
-            v = word_pair(qs, t, b, 2 * p, r)
-            hq = word_pair(qh, t, b, (2 * p) % 16, r)      # fifth bits: 2c (low nibble), 2c + 1 (high)
+            v = U32(qs[t, b, p, r])
+            hq = U32(qh[t, b, p % 8, r])      # fifth bits: 2c (low nibble), 2c + 1 (high)
             wq[j, r] = I32((v & U32(0x0F0F0F0F)) | (((hq >> U32(2 * c)) & U32(0x01010101)) << U32(4)))
             wq[j + 8, r] = I32(((v >> U32(4)) & U32(0x0F0F0F0F)) | (((hq >> U32(2 * c + 1)) & U32(0x01010101)) << U32(4)))
 
@@ -518,7 +518,7 @@ def _q4_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
     qs = w[0]
     prefetch_slice(w[1:], t, b, NEXT_BLOCK, 0, 1)
     for c in range(4):
-        nibble_quad_sums(qs, qs, (t, b, 8 * c, 8, 0, 0, 0), x8, i, ntok,
+        word_quad_sums(qs, qs, (t, b, 8 * c, 8, 0, 0, 0), x8, i, ntok,
                          (o + 64 * c, o + 64 * c + 32, 2 * c, 2 * c + 1, 0, 0), part, R, 0, xs, 0, NEXT_BLOCK)
 
 
@@ -529,9 +529,30 @@ def _q3_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
     prefetch_slice(w[1:], t, b, NEXT_BLOCK, 0, 1)
     for c in range(4):
         for g4 in range(2):
-            nibble_quad_sums(qs, qs, (t, b, 8 * c + 4 * g4, 4, 0, 0, 0), x8, i, ntok,
+            word_quad_sums(qs, qs, (t, b, 8 * c + 4 * g4, 4, 0, 0, 0), x8, i, ntok,
                              (o + 64 * c + 16 * g4, o + 64 * c + 32 + 16 * g4, 4 * c + g4, 4 * c + 2 + g4, 0, 0),
                              part, R, 0, xs, 0, NEXT_BLOCK)
+
+
+# Q5_K's qs are Q4_K's words, its qh 8 words more: qh word j (bytes 4j ..) holds at bit 2c of each byte the fifth
+# bits of chunk c's low-nibble quad (elements 64c + 4j ..) and at bit 2c + 1 those of its high-nibble one (+ 32).
+# A group is a sub-block (8 words) where the quads add in int32, 8 elements (2 words) on AVX2 (half a 32-element
+# group of 5-bit products would overflow int16).
+Q5K_GROUP_WORDS = 8 if quads_add_in_int32() else 2
+
+
+@njit(cache=True, inline="always")
+def _q5_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
+    """Q5_K's sums straight from its words, the fifth bits or'ed in from qh."""
+    qs, qh = w[0], w[1]
+    gsize = 4 * Q5K_GROUP_WORDS
+    prefetch_slice(w[2:], t, b, NEXT_BLOCK, 0, 1)
+    for c in range(4):
+        for gi in range(8 // Q5K_GROUP_WORDS):
+            e = 64 * c + gsize * gi
+            word_quad_sums(qs, qh, (t, b, 8 * c + Q5K_GROUP_WORDS * gi, Q5K_GROUP_WORDS, Q5K_GROUP_WORDS * gi,
+                                      2 * c, 2 * c + 1), x8, i, ntok,
+                             (o + e, o + e + 32, e // gsize, (e + 32) // gsize, 0, 0), part, R, 1, xs, 0, NEXT_BLOCK)
 
 
 # Q6_K's ql and qh are 32-bit words too: ql word 16h + 8s + j holds bytes 64h + 32s + 4j .., whose low nibbles
@@ -552,7 +573,7 @@ def _q6_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
             for gi in range(8 // Q6_GROUP_WORDS):
                 e = 128 * h + 32 * s + gsize * gi
                 g_lo, g_hi = e // gsize, (e + 64) // gsize
-                nibble_quad_sums(ql, qh, (t, b, 16 * h + 8 * s + Q6_GROUP_WORDS * gi, Q6_GROUP_WORDS,
+                word_quad_sums(ql, qh, (t, b, 16 * h + 8 * s + Q6_GROUP_WORDS * gi, Q6_GROUP_WORDS,
                                           8 * h + Q6_GROUP_WORDS * gi, 2 * s, 2 * s + 4), x8, i, ntok,
                                  (o + e, o + e + 64, g_lo, g_hi, b * (QK // gsize) + g_lo, b * (QK // gsize) + g_hi),
                                  part, R, 2, xs, 32, NEXT_BLOCK)
@@ -611,7 +632,8 @@ PIECES = {
     "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc, _q4_k_quads, quads_from=2,
                         quad_groups=8, accumulate_quads=_q4_k_quads_acc, block_quads=_q4_k_block_quads),
     "Q5_K": BlockPieces(QK, 32, pack_q5_k, _q5_k_sums, _q5_k_dec, _q5_k_acc, _q5_k_quads, quads_from=3,
-                        quad_groups=8, accumulate_quads=_q5_k_quads_acc, quad_groups_int32=True),
+                        quad_groups=8, accumulate_quads=_q5_k_quads_acc, quad_groups_int32=True,
+                        block_quads=_q5_k_block_quads),
     "Q6_K": BlockPieces(QK, 32, pack_q6_k, _sum_q6_block, _decode_q6_k, _acc_q6_k, _q6_k_quads, quad_bias=32,
                         quad_groups=16, accumulate_quads=_acc_q6_k_quads, quad_groups_int32=True,
                         block_quads=_q6_k_block_quads),

@@ -15,7 +15,7 @@ activation block sums: sum((q - 8) * x) = sum(q * x) - 8 * sum(x).
 
 Quant bytes are kept as little-endian 32-bit words, four bytes of one row per lane (Q5's fifth bits as one
 32-bit mask a block): products of up to a few tokens take the byte quads straight from those words
-(``block_quads``, ``_qmm_quads.nibble_quad_sums``: nibbles masked, fifth bits spread, Q8_0's sign bits flipped,
+(``block_quads``, ``_qmm_quads.word_quad_sums``: nibbles masked, fifth bits spread, Q8_0's sign bits flipped,
 in registers), no decoded block in between. The int16 one-pass sums read each word's 16-bit halves
 (``half_word``: a 16-row load then needs no byte-to-word widening, only shifts and masks); they run where
 the quads are not exact (Q8_0 without VNNI) or a test asks for them.
@@ -33,7 +33,7 @@ from numba import njit
 from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, half_word, sext8, word_pair
 from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, tile_rows
-from ggflow.backends_builtin.cpu._qmm_quads import BIT_MASK, SIGNED_BYTES, nibble_quad_sums
+from ggflow.backends_builtin.cpu._qmm_quads import BIT_MASK, SIGNED_BYTES, word_quad_sums
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 
 F32 = np.float32
@@ -47,7 +47,7 @@ check_tile(R, __name__)
 # ---------------------------------------------------------------------------------------------- packing
 def _nibble_words32(blocks: np.ndarray, start: int) -> np.ndarray:
     """The 16 nibble bytes of each block as 4 little-endian 32-bit words (int32), row-tiled: Q4_0 and Q4_1,
-    whose matvecs read them as byte quads (``_qmm_quads.nibble_quad_sums``)."""
+    whose matvecs read them as byte quads (``_qmm_quads.word_quad_sums``)."""
     return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + 16]).view(np.int32))
 
 
@@ -280,7 +280,7 @@ def _q4_quads(w, t, b, wq):
 def _q4_block_quads(w, t, b, x8, xs, i, ntok, o, part):
     """Q4_0 / Q4_1's two group sums straight from their words: low nibbles elements 0..15, high 16..31."""
     qs = w[0]
-    nibble_quad_sums(qs, qs, (t, b, 0, 4, 0, 0, 0), x8, i, ntok, (o, o + 16, 0, 1, 0, 0), part, R, 0, xs, 0, 0)
+    word_quad_sums(qs, qs, (t, b, 0, 4, 0, 0, 0), x8, i, ntok, (o, o + 16, 0, 1, 0, 0), part, R, 0, xs, 0, 0)
 
 
 @njit(cache=True, inline="always")
@@ -288,7 +288,7 @@ def _q5_block_quads(w, t, b, x8, xs, i, ntok, o, part):
     """Q5_0 / Q5_1's four 8-element group sums straight from their words, the fifth bits spread from the mask."""
     qs, qh = w[0], w[1]
     for g in range(2):
-        nibble_quad_sums(qs, qh, (t, b, 2 * g, 2, 0, 8 * g, 16 + 8 * g), x8, i, ntok,
+        word_quad_sums(qs, qh, (t, b, 2 * g, 2, 0, 8 * g, 16 + 8 * g), x8, i, ntok,
                          (o + 8 * g, o + 16 + 8 * g, g, 2 + g, 0, 0), part, R, BIT_MASK, xs, 0, 0)
 
 
@@ -296,7 +296,7 @@ def _q5_block_quads(w, t, b, x8, xs, i, ntok, o, part):
 def _q8_block_quads(w, t, b, x8, xs, i, ntok, o, part):
     """Q8_0's one sum a block straight from its words, each byte + 128 (its sign bit flipped), 128 * sum(x) out."""
     qs = w[0]
-    nibble_quad_sums(qs, qs, (t, b, 0, 8, 0, 0, 0), x8, i, ntok, (o, o, 0, 0, b, b), part, R, SIGNED_BYTES, xs, 128, 0)
+    word_quad_sums(qs, qs, (t, b, 0, 8, 0, 0, 0), x8, i, ntok, (o, o, 0, 0, b, b), part, R, SIGNED_BYTES, xs, 128, 0)
 
 
 @njit(cache=True, inline="always")

@@ -164,12 +164,17 @@ def quad_sums(typingctx, wq, x8, i0, ntok, o, j0, nquads, part, g, rows, xs, xg,
     return types.none(wq, x8, i0, ntok, o, j0, nquads, part, g, rows, xs, xg, bias), codegen
 
 
+# word_quad_sums' forms of packed words (its hbits): 0 nibbles alone, 1 or 2 high bits per byte from a second
+# array (_HIGH_MASKS), BIT_MASK fifth bits from one 32-bit mask a block, SIGNED_BYTES whole signed bytes
+SIGNED_BYTES = -1         # Q8_0
+BIT_MASK = 4              # Q5_0, Q5_1
+_HIGH_MASKS = {1: 0x01010101, 2: 0x03030303}      # Q5_K, Q6_K
+_LINE = 64
 _NIBBLES = ir.Constant(_SUMS, [0x0F0F0F0F] * LANES)
+_FOUR = ir.Constant(_SUMS, [4] * LANES)
 _SIGN_BITS = ir.Constant(_SUMS, [-0x7F7F7F80] * LANES)     # 0x80808080 as a signed int32
-SIGNED_BYTES = -1         # nibble_quad_sums' hbits for words of whole signed bytes (Q8_0)
-BIT_MASK = 4              # ... for fifth bits kept as one 32-bit mask a row and block (Q5_0, Q5_1)
-# x * 0x00204081 adds x, x << 7, x << 14 and x << 21: for x < 16 the copies' bits never overlap, and bit h of x
-# lands on bit 8h, the low bit of byte h (no carries: the four copies' bits are 7 apart)
+# x * 0x00204081 adds x, x << 7, x << 14 and x << 21: for x < 16 bit h of x lands on bit 8h, the low bit of
+# byte h, and no two copies' bits meet (they are 7 apart), so nothing carries
 _SPREAD = ir.Constant(_SUMS, [0x00204081] * LANES)
 _LOW_NIBBLE = ir.Constant(_SUMS, [0xF] * LANES)
 _BYTE_LOW_BITS = ir.Constant(_SUMS, [0x01010101] * LANES)
@@ -178,19 +183,33 @@ _BYTE_LOW_BITS = ir.Constant(_SUMS, [0x01010101] * LANES)
 def _spread_four_bits(builder, bits):
     """Bits 0..3 of each lane to bit 4 of its bytes 0..3 (a quad's fifth bits beside their nibbles)."""
     spread = builder.and_(builder.mul(builder.and_(bits, _LOW_NIBBLE), _SPREAD), _BYTE_LOW_BITS)
-    return builder.shl(spread, ir.Constant(_SUMS, [4] * LANES))
-_LINE = 64
+    return builder.shl(spread, _FOUR)
+
+
+def _word_quads(builder, form, wvec, hvec, shifts):
+    """The byte quads one vector of packed words holds: [low nibbles, high nibbles] with their high bits
+    (hvec, shifted right by shifts[0] / shifts[1]) where the form has them, or [the signed bytes + 128]."""
+    if form == SIGNED_BYTES:
+        return [builder.xor(wvec, _SIGN_BITS)]
+    quads = [builder.and_(wvec, _NIBBLES), builder.and_(builder.lshr(wvec, _FOUR), _NIBBLES)]
+    if form in _HIGH_MASKS:
+        mask = ir.Constant(_SUMS, [_HIGH_MASKS[form]] * LANES)
+        return [builder.or_(quad, builder.shl(builder.and_(builder.lshr(hvec, shift), mask), _FOUR))
+                for quad, shift in zip(quads, shifts)]
+    if form == BIT_MASK:
+        return [builder.or_(quad, _spread_four_bits(builder, builder.lshr(hvec, shift)))
+                for quad, shift in zip(quads, shifts)]
+    return quads
 
 
 def _intp_members(context, builder, tupty, tup):
     return [context.cast(builder, v, ty, types.intp)
             for v, ty in zip(cgutils.unpack_tuple(builder, tup, len(tupty)), tupty)]
-_HIGH_MASKS = {1: 0x01010101, 2: 0x03030303}
 
 
 @intrinsic
-def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows, hbits, xs, bias, ahead):
-    """The quad sums of a packed 4-bit weight read straight from its words: no decoded block in between.
+def word_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows, hbits, xs, bias, ahead):
+    """quad_sums of a packed weight read straight from its 32-bit words: no decoded block in between.
 
     ``words`` (tiles, blocks, n_words, rows) int32, each lane four quant bytes of a row whose low nibbles
     are the quad of elements ``o_lo + 4j ..`` and whose high nibbles the quad at ``o_hi + 4j``; with
@@ -239,11 +258,7 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
         splat = lambda scalar: builder.shuffle_vector(            # noqa: E731
             builder.insert_element(ir.Constant(_SUMS, ir.Undefined), scalar, ir.Constant(_I32, 0)),
             ir.Constant(_SUMS, ir.Undefined), _SPLAT)
-        if hbits_value in _HIGH_MASKS:
-            hmask = ir.Constant(_SUMS, [_HIGH_MASKS[hbits_value]] * LANES)
-            four = ir.Constant(_SUMS, [4] * LANES)
-        if hbits_value > 0:
-            shift_lo, shift_hi = (splat(builder.trunc(s, _I32)) for s in (hs_lo, hs_hi))
+        shifts = [splat(builder.trunc(s, _I32)) for s in (hs_lo, hs_hi)] if hbits_value > 0 else None
         halves = ((o_lo, g_lo, xg_lo), (o_hi, g_hi, xg_hi))[:1 if hbits_value == SIGNED_BYTES else 2]
         prefetch = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
             ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32]))
@@ -263,18 +278,19 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
                     hrow = builder.bitcast(_row_pointer(context, builder, hty, highs_v, t_v, b_v, hword),
                                            _SUMS.as_pointer())
                 if ahead_value and q0 == 0:
-                    # the same words of the block `ahead` on (past a tile's last block: the next tile's first),
-                    # a few lines at a time, spread over the loop: asking for a whole block at once streams at
-                    # 30 GB/s, a few lines a step at 48 (docs/performance.md, "Prefetch granularity")
+                    # the same words of the block `ahead` on (past a tile's last block: the next tile's first), a
+                    # few lines a step: a bare stream of such tiles runs at 30 GB/s asking for a whole block at its
+                    # start, at 48 a few lines a step (docs/performance.md, "Prefetch granularity")
                     b_next = builder.add(b_v, ir.Constant(intp, ahead_value))
                     for arrty, arr, m_v in ((wty, words_v, m0_v), (hty, highs_v, hm0_v))[:1 + (hbits_value in _HIGH_MASKS)]:
                         nxt = _row_pointer(context, builder, arrty, arr, t_v, b_next, builder.add(m_v, j))
                         for line in range(0, rows.literal_value * 4, _LINE):
                             builder.call(prefetch, [builder.gep(nxt, [ir.Constant(intp, line)]), ir.Constant(_I32, 0),
                                                     ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+                shifts_j = shifts
                 if hbits_value == BIT_MASK:       # bits hs + 4j .. hs + 4j + 3 of the mask are quad j's
                     four_j = splat(builder.trunc(builder.mul(j, ir.Constant(intp, 4)), _I32))
-                    shifts_j = [builder.add(shift_lo, four_j), builder.add(shift_hi, four_j)]
+                    shifts_j = [builder.add(shift, four_j) for shift in shifts]
                 xquads = {}
                 for h, (o_v, _, _) in enumerate(halves):
                     col = builder.add(o_v, builder.mul(j, ir.Constant(intp, 4)))
@@ -283,19 +299,8 @@ def nibble_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows,
                         xquads[h, u] = splat(builder.load(builder.bitcast(xrow, _I32.as_pointer()), align=1))
                 for q in qs:
                     wvec = builder.load(builder.gep(wrow, [ir.Constant(intp, q)]), align=4)
-                    if hbits_value == SIGNED_BYTES:
-                        quads = [builder.xor(wvec, _SIGN_BITS)]
-                    else:
-                        quads = [builder.and_(wvec, _NIBBLES),
-                                 builder.and_(builder.lshr(wvec, ir.Constant(_SUMS, [4] * LANES)), _NIBBLES)]
-                    if hbits_value in _HIGH_MASKS:
-                        hvec = builder.load(builder.gep(hrow, [ir.Constant(intp, q)]), align=4)
-                        quads = [builder.or_(quad, builder.shl(builder.and_(builder.lshr(hvec, shift), hmask), four))
-                                 for quad, shift in zip(quads, (shift_lo, shift_hi))]
-                    elif hbits_value == BIT_MASK:
-                        hvec = builder.load(builder.gep(hrow, [ir.Constant(intp, q)]), align=4)
-                        quads = [builder.or_(quad, _spread_four_bits(builder, builder.lshr(hvec, shift)))
-                                 for quad, shift in zip(quads, shifts_j)]
+                    hvec = builder.load(builder.gep(hrow, [ir.Constant(intp, q)]), align=4) if hbits_value > 0 else None
+                    quads = _word_quads(builder, hbits_value, wvec, hvec, shifts_j)
                     for h in range(len(halves)):
                         for u in range(ntok_value):
                             builder.store(dot_step(builder.load(accs[h, u, q]), quads[h], xquads[h, u]), accs[h, u, q])

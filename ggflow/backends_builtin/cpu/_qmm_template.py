@@ -24,8 +24,8 @@ group sums of QUAD_TOKENS tokens per pass formed as int32 with byte dot products
 activations' group sums; ``accumulate`` reads the same integers, so the same bits again. A type that also
 brings ``block_quads`` (the 4- and 6-bit types whose quant bytes are packed as 32-bit words) forms those sums
 straight from its packed words for products of up to BLOCK_QUADS_MAX_TOKENS tokens, decode and
-one-token matvec alike (``_qmm_quads.nibble_quad_sums``: the nibbles masked in registers, no decoded block
-stored and loaded again): in cache 1.3-2x faster than the int16 matvec, and 2-3x the decode-then-sum
+one-token matvec alike (``_qmm_quads.word_quad_sums``: the nibbles masked in registers, no decoded block
+stored and loaded again): in cache 1.1-2x faster than the int16 matvec, and 1.3-3x the decode-then-sum
 path at 2-4 tokens (docs/performance.md, "Eleventh session").
 
 How the pieces reach the skeleton. The drivers take a ``kind`` argument that numba types as a

@@ -19,7 +19,7 @@ Q8_K), and the skeleton calls the type's pieces for each block ``b`` of each til
                                           only where they add in 32 bits: AVX512-VNNI, not AVX2)
     block_quads(w, t, b, x8, xs, i, ntok, o, part)   optional, with decode_quads: the quads' int32 sums of
                                           tokens i .. i+ntok-1 (ntok a literal) read straight from the packed
-                                          words (``_qmm_quads.nibble_quad_sums``), part (ntok, groups, TILE);
+                                          words (``_qmm_quads.word_quad_sums``), part (ntok, groups, TILE);
                                           products of up to BLOCK_QUADS_MAX_TOKENS tokens take it instead of
                                           decode_quads + quad_sums
 
@@ -45,9 +45,10 @@ from typing import Callable
 
 import numpy as np
 
-from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, sext8, wide_vectors, word_pair
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, half_word, sext8, wide_vectors, word_pair
 from ggflow.backends_builtin.cpu._qmm_layout import TILE, f16_field, tile_rows
 from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_slice
+from ggflow.backends_builtin.cpu._qmm_quads import BIT_MASK, SIGNED_BYTES, word_quad_sums
 
 
 @dataclass(frozen=True)
@@ -108,4 +109,5 @@ class BlockPieces:
 
 
 __all__ = ["BlockPieces", "TILE", "tile_rows", "f16_field", "field", "bit_to", "sext8", "wide_vectors", "word_pair",
+           "half_word", "word_quad_sums", "SIGNED_BYTES", "BIT_MASK",
            "prefetch_slice"]
