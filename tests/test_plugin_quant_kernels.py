@@ -249,8 +249,9 @@ def test_editing_a_module_the_skeleton_compiles_in_changes_every_kernel_key(tmp_
 
 
 def test_skeleton_kernels_load_from_numbas_cache_in_a_new_process():
-    """Compile (or load) Q4_0's and IQ4_NL's serial kernels in one process; a second process must load
-    both from the on-disk cache and compile none (the cost a factory of closures pays on every run)."""
+    """Compile (or load) Q4_0's and IQ4_NL's serial kernels in one process (Q4_0's one token runs the quads
+    driver: its block_quads); a second process must load both from the on-disk cache and compile none (the
+    cost a factory of closures pays on every run)."""
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(EXAMPLE_SRC)!r})
@@ -262,8 +263,10 @@ def test_skeleton_kernels_load_from_numbas_cache_in_a_new_process():
         w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
         for t in ("Q4_0", "IQ4_NL"):   # a small product: each type's serial driver
             qmm.mul_mat(qmm.pack_weight(ggflow.quantize(w, t), t), w[:1], np.empty((1, 64), np.float32))
-        hits = sum(sum(d.stats.cache_hits.values()) for d in (tmpl._mul_mat_parallel, tmpl._mul_mat_serial))
-        misses = sum(sum(d.stats.cache_misses.values()) for d in (tmpl._mul_mat_parallel, tmpl._mul_mat_serial))
+        drivers = (tmpl._mul_mat_parallel, tmpl._mul_mat_serial,               # IQ4_NL's one token: the tile
+                   tmpl._mul_mat_quads_parallel, tmpl._mul_mat_quads_serial)   # Q4_0's: its quads in place
+        hits = sum(sum(d.stats.cache_hits.values()) for d in drivers)
+        misses = sum(sum(d.stats.cache_misses.values()) for d in drivers)
         print(hits, misses)
     """)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
