@@ -85,8 +85,8 @@ _U32 = np.uint32
 
 @njit(cache=True, inline="always")
 def half_word(words, t, b, m, r):
-    """16-bit word m of row r (its bytes 2m, 2m+1) where the quant bytes are kept as 32-bit words (the types
-    whose byte quads are read in place: Q4_0, Q4_1, Q8_0, Q3_K, Q4_K, Q6_K), as int16."""
+    """16-bit word m of row r (its bytes 2m, 2m+1), as int16, where the quant bytes are kept as 32-bit words (the
+    types whose byte quads are read in place: BlockPieces.block_quads)."""
     return np.int16((_U32(words[t, b, m // 2, r]) >> _U32(16 * (m % 2))) & _U32(0xFFFF))
 
 

@@ -175,13 +175,12 @@ def _sum_q4k_half(qs, t, b, xq, i, o, c, hf, part):
     for r in range(R):
         lo = I16(0)
         hi = I16(0)
-        for mm in range(4):
-            v32 = U32(qs[t, b, 8 * c + 4 * hf + mm, r])
-            for half in range(2):
-                v = I16((v32 >> U32(16 * half)) & U32(0xFFFF))
-                e = o + 64 * c + 16 * hf + 4 * mm + 2 * half
-                lo = I16(lo + _bits(v, 0, 15) * xq[i, e] + _bits(v, 8, 15) * xq[i, e + 1])
-                hi = I16(hi + _bits(v, 4, 15) * xq[i, e + 32] + _bits(v, 12, 15) * xq[i, e + 33])
+        for mm in range(8):
+            m = 16 * c + 8 * hf + mm
+            v = half_word(qs, t, b, m, r)
+            e = o + 64 * c + (2 * m) % 32
+            lo = I16(lo + _bits(v, 0, 15) * xq[i, e] + _bits(v, 8, 15) * xq[i, e + 1])
+            hi = I16(hi + _bits(v, 4, 15) * xq[i, e + 32] + _bits(v, 12, 15) * xq[i, e + 33])
         part[4 * c + hf, r] = lo
         part[4 * c + 2 + hf, r] = hi
 
@@ -519,7 +518,7 @@ def _q4_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
     prefetch_slice(w[1:], t, b, NEXT_BLOCK, 0, 1)
     for c in range(4):
         word_quad_sums(qs, qs, (t, b, 8 * c, 8, 0, 0, 0), x8, i, ntok,
-                         (o + 64 * c, o + 64 * c + 32, 2 * c, 2 * c + 1, 0, 0), part, R, 0, xs, 0, NEXT_BLOCK)
+                       (o + 64 * c, o + 64 * c + 32, 2 * c, 2 * c + 1, 0, 0), part, R, 0, xs, 0, NEXT_BLOCK)
 
 
 @njit(cache=True, inline="always")
@@ -530,8 +529,8 @@ def _q3_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
     for c in range(4):
         for g4 in range(2):
             word_quad_sums(qs, qs, (t, b, 8 * c + 4 * g4, 4, 0, 0, 0), x8, i, ntok,
-                             (o + 64 * c + 16 * g4, o + 64 * c + 32 + 16 * g4, 4 * c + g4, 4 * c + 2 + g4, 0, 0),
-                             part, R, 0, xs, 0, NEXT_BLOCK)
+                           (o + 64 * c + 16 * g4, o + 64 * c + 32 + 16 * g4, 4 * c + g4, 4 * c + 2 + g4, 0, 0),
+                           part, R, 0, xs, 0, NEXT_BLOCK)
 
 
 # Q5_K's qs are Q4_K's words, its qh 8 words more: qh word j (bytes 4j ..) holds at bit 2c of each byte the fifth
@@ -551,8 +550,8 @@ def _q5_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
         for gi in range(8 // Q5K_GROUP_WORDS):
             e = 64 * c + gsize * gi
             word_quad_sums(qs, qh, (t, b, 8 * c + Q5K_GROUP_WORDS * gi, Q5K_GROUP_WORDS, Q5K_GROUP_WORDS * gi,
-                                      2 * c, 2 * c + 1), x8, i, ntok,
-                             (o + e, o + e + 32, e // gsize, (e + 32) // gsize, 0, 0), part, R, 1, xs, 0, NEXT_BLOCK)
+                                    2 * c, 2 * c + 1), x8, i, ntok,
+                           (o + e, o + e + 32, e // gsize, (e + 32) // gsize, 0, 0), part, R, 1, xs, 0, NEXT_BLOCK)
 
 
 # Q6_K's ql and qh are 32-bit words too: ql word 16h + 8s + j holds bytes 64h + 32s + 4j .., whose low nibbles
@@ -574,9 +573,9 @@ def _q6_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
                 e = 128 * h + 32 * s + gsize * gi
                 g_lo, g_hi = e // gsize, (e + 64) // gsize
                 word_quad_sums(ql, qh, (t, b, 16 * h + 8 * s + Q6_GROUP_WORDS * gi, Q6_GROUP_WORDS,
-                                          8 * h + Q6_GROUP_WORDS * gi, 2 * s, 2 * s + 4), x8, i, ntok,
-                                 (o + e, o + e + 64, g_lo, g_hi, b * (QK // gsize) + g_lo, b * (QK // gsize) + g_hi),
-                                 part, R, 2, xs, 32, NEXT_BLOCK)
+                                        8 * h + Q6_GROUP_WORDS * gi, 2 * s, 2 * s + 4), x8, i, ntok,
+                               (o + e, o + e + 64, g_lo, g_hi, b * (QK // gsize) + g_lo, b * (QK // gsize) + g_hi),
+                               part, R, 2, xs, 32, NEXT_BLOCK)
 
 
 @njit(cache=True, inline="always")

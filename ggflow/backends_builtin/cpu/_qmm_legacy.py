@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, half_word, sext8, word_pair
+from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, half_word, sext8
 from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, tile_rows
 from ggflow.backends_builtin.cpu._qmm_quads import BIT_MASK, SIGNED_BYTES, word_quad_sums
@@ -46,8 +46,8 @@ check_tile(R, __name__)
 
 # ---------------------------------------------------------------------------------------------- packing
 def _nibble_words32(blocks: np.ndarray, start: int) -> np.ndarray:
-    """The 16 nibble bytes of each block as 4 little-endian 32-bit words (int32), row-tiled: Q4_0 and Q4_1,
-    whose matvecs read them as byte quads (``_qmm_quads.word_quad_sums``)."""
+    """The 16 nibble bytes of each block as 4 little-endian 32-bit words (int32), row-tiled: byte quads in place
+    (``_qmm_quads.word_quad_sums``)."""
     return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + 16]).view(np.int32))
 
 
@@ -90,25 +90,20 @@ def pack_q8_0(w: np.ndarray, rows: int, k: int) -> tuple:
 
 
 # --------------------------------------------------------------------------------- nibble decoding
-# Word m of a Q5 block holds bytes 2m, 2m+1: elements 2m, 2m+1 in its low nibbles, 2m+16, 2m+17 in its
-# high ones (ggml puts element j in the low nibble of byte j and j+16 in its high nibble). Q4_0 and Q4_1
-# keep 32-bit words: word m4 is bytes 4m4 .. 4m4+3, elements 4m4 .. in its low nibbles, 4m4+16 .. in its
-# high ones; their one-pass sums below take each word's 16-bit halves (they run only where the byte
-# quads do not: _qmm_template.batch_path).
+# 16-bit word m of a 4-bit block (half_word) holds bytes 2m, 2m+1: elements 2m, 2m+1 in its low nibbles,
+# 2m+16, 2m+17 in its high ones (ggml puts element j in the low nibble of byte j and j+16 in its high nibble);
+# 32-bit word m4 holds bytes 4m4 .. 4m4+3, the quads of elements 4m4 .. (low nibbles) and 4m4+16 .. (high).
 
 @njit(cache=True, inline="always")
 def _sum_u4_block(qs, t, b, xq, i, o, part):
-    """part[0|1, :] = sums over elements 0..15 | 16..31 of the nibble times the activation (32-bit words)."""
+    """part[0|1, :] = sums over elements 0..15 | 16..31 of the nibble times the activation."""
     for r in range(R):
         lo = I16(0)
         hi = I16(0)
-        for m4 in range(4):
-            v32 = U32(qs[t, b, m4, r])
-            for half in range(2):
-                v = I16((v32 >> U32(16 * half)) & U32(0xFFFF))
-                m = 2 * m4 + half
-                lo = I16(lo + field(v, 0, 15) * xq[i, o + 2 * m] + field(v, 8, 15) * xq[i, o + 2 * m + 1])
-                hi = I16(hi + field(v, 4, 15) * xq[i, o + 16 + 2 * m] + field(v, 12, 15) * xq[i, o + 17 + 2 * m])
+        for m in range(8):
+            v = half_word(qs, t, b, m, r)
+            lo = I16(lo + field(v, 0, 15) * xq[i, o + 2 * m] + field(v, 8, 15) * xq[i, o + 2 * m + 1])
+            hi = I16(hi + field(v, 4, 15) * xq[i, o + 16 + 2 * m] + field(v, 12, 15) * xq[i, o + 17 + 2 * m])
         part[0, r] = lo
         part[1, r] = hi
 
@@ -289,7 +284,7 @@ def _q5_block_quads(w, t, b, x8, xs, i, ntok, o, part):
     qs, qh = w[0], w[1]
     for g in range(2):
         word_quad_sums(qs, qh, (t, b, 2 * g, 2, 0, 8 * g, 16 + 8 * g), x8, i, ntok,
-                         (o + 8 * g, o + 16 + 8 * g, g, 2 + g, 0, 0), part, R, BIT_MASK, xs, 0, 0)
+                       (o + 8 * g, o + 16 + 8 * g, g, 2 + g, 0, 0), part, R, BIT_MASK, xs, 0, 0)
 
 
 @njit(cache=True, inline="always")

@@ -22,7 +22,7 @@ Types that bring ``decode_quads`` run products of ``quads_from`` tokens or more 
 group sums of QUAD_TOKENS tokens per pass formed as int32 with byte dot products (``_qmm_quads.quad_sums``:
 ``vpmaddubsw`` on AVX2, ``vpdpbusd`` with AVX512-VNNI), a type's quad_bias taken out through the
 activations' group sums; ``accumulate`` reads the same integers, so the same bits again. A type that also
-brings ``block_quads`` (the 4- and 6-bit types whose quant bytes are packed as 32-bit words) forms those sums
+brings ``block_quads`` (the 4- to 8-bit types whose quant bytes are packed as 32-bit words) forms those sums
 straight from its packed words for products of up to BLOCK_QUADS_MAX_TOKENS tokens, decode and
 one-token matvec alike (``_qmm_quads.word_quad_sums``: the nibbles masked in registers, no decoded block
 stored and loaded again): in cache 1.1-2x faster than the int16 matvec, and 1.3-3x the decode-then-sum
@@ -473,7 +473,7 @@ def batch_path(kind: str, n_tokens: int) -> str:
     where the target has AVX-512 (``_qmm_pairs.pairs_are_fast``), else "tile" (the matvec up to
     MATVEC_MAX_TOKENS, then decoded blocks)."""
     pieces = _PIECES[kind]     # the pieces the kind was compiled with, even if the type was registered again
-    quads = pieces.block_quads is not None and n_tokens <= BLOCK_QUADS_MAX_TOKENS or n_tokens >= pieces.quads_from
+    quads = (pieces.block_quads is not None and n_tokens <= BLOCK_QUADS_MAX_TOKENS) or n_tokens >= pieces.quads_from
     if pieces.decode_quads is not None and quads and quads_are_exact(pieces.quad_bias):
         return "quads"
     if n_tokens >= PAIRS_MIN_TOKENS and pairs_are_fast():
