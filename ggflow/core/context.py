@@ -33,8 +33,11 @@ DECODE_NO_KV_SLOT = 1   # llama.cpp's contract: the batch did not fit; nothing c
 # serving loop alternates: its slots' decode shape, a step that also carries a new prompt's chunk, then the
 # decode shape again, and each switch rebuilt and recompiled a graph (~20 ms for SmolLM2's 1054 nodes,
 # docs/performance.md, "Per-step overhead"). They share the compute buffers, so a kept graph costs its
-# Python objects and compiled plan, not memory for its tensors.
-GRAPHS_KEPT = 4
+# Python objects and compiled plan (~1 MiB for SmolLM2's), not memory for its tensors. Four were too few for
+# four clients whose requests start and end at different steps: the shapes of a round (decode shapes at each
+# attended range, steps with a prompt's chunk, fewer slots as requests end) outnumber them, and each came
+# back evicted (46 builds, 1 s of a 9 s run; with 16: 9-13 builds, 0.2-0.3 s: "Eleventh session" under Serving).
+GRAPHS_KEPT = 16
 
 
 @dataclass
