@@ -17,6 +17,7 @@ import pytest
 
 import ggflow
 from ggflow.backends_builtin.cpu import _qmm_act as act
+from ggflow.backends_builtin.cpu import _qmm_template as tmpl
 from ggflow.backends_builtin.cpu import quant_matmul as qmm
 from ggflow.backends_builtin.cpu._qmm_quads import quads_are_exact
 from ggflow.core.types import type_traits
@@ -211,8 +212,8 @@ def batch_paths(w_type: str) -> list[str]:
 
 # 2: the matvec (tile), one pass of two (quads); 3: one token per pass (tile), a pass of two and one more
 # (quads); 4: one whole pass; 5 and 7: a last pass over the last four tokens (tile, pairs) or one token after
-# whole passes (quads); 9: more passes
-@pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 9])
+# whole passes (quads); 9: more passes; one past BLOCK_QUADS_MAX_TOKENS: the quads of a decoded block
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 9, tmpl.BLOCK_QUADS_MAX_TOKENS + 1])
 @pytest.mark.parametrize("w_type", LEGACY + KQUANTS)
 def test_every_batched_path_gives_the_matvec_results_bit_for_bit(w_type, n):
     k = 256
@@ -249,7 +250,6 @@ def test_q8_0_quads_are_exact_at_the_extremes_of_a_signed_byte():
 
 
 def test_q8_0_takes_the_quads_from_one_token_only_where_they_are_exact():
-    from ggflow.backends_builtin.cpu import _qmm_template as tmpl
     pw = qmm.pack_weight(weight("Q8_0", 70, 256)[0], "Q8_0")
     for n in (1, 4, 64):
         assert (tmpl.batch_path(pw.kind, n) == "quads") == quads_are_exact(128)
@@ -388,7 +388,6 @@ def test_kernels_are_cached_on_disk():
     """Every driver is @njit(cache=True): a cold compile costs seconds per kernel, a cache load ms."""
     from numba.core.caching import NullCache
     from ggflow.backends_builtin.cpu import _qmm_float as flt
-    from ggflow.backends_builtin.cpu import _qmm_template as tmpl
     kernels = [tmpl._mul_mat_parallel, tmpl._mul_mat_serial, tmpl._mul_mat_tiles, tmpl._mul_mat_quads_parallel,
                tmpl._mul_mat_quads_serial, tmpl._mul_mat_quads_tiles, tmpl._mul_mat_pairs_parallel,
                tmpl._mul_mat_pairs_serial, tmpl._mul_mat_pairs_tiles, flt._mul_mat_parallel, flt._mul_mat_serial,

@@ -26,7 +26,7 @@ brings ``block_quads`` (the 4- to 8-bit types whose quant bytes are packed as 32
 straight from its packed words for products of up to BLOCK_QUADS_MAX_TOKENS tokens, decode and
 one-token matvec alike (``_qmm_quads.word_quad_sums``: the nibbles masked in registers, no decoded block
 stored and loaded again): in cache 1.1-2x faster than the int16 matvec, and 1.3-3x the decode-then-sum
-path at 2-4 tokens (docs/performance.md, "Eleventh session").
+path at 2-4 tokens, 1.2-1.9x at 64 for the 4-bit types (docs/performance.md, "Eleventh session").
 
 How the pieces reach the skeleton. The drivers take a ``kind`` argument that numba types as a
 string literal (``numba.literally``); the tile function ``_tile`` is a stub ``@overload``ed per kind:
@@ -92,8 +92,11 @@ TOKEN_SUMS_MIN_GROUP = 8
 # per pass 1.3-1.6x slower than two). From how many tokens a type takes it is the type's (BlockPieces.quads_from).
 QUAD_TOKENS = 2
 # Types that bring block_quads (the quads' sums straight from the packed words) take it in the quads kernel for
-# products of up to this many tokens; past it a block decoded once (decode_quads) serves more tokens.
-BLOCK_QUADS_MAX_TOKENS = 4
+# products of up to this many tokens, a prompt's 64 included; past it a block decoded once (decode_quads) serves
+# the tokens. Splitting the words again in registers for every pass still beat loading the decoded quads, whose
+# bytes are twice the nibbles': 2048 x 2048, 64 tokens, one thread, Q4_K 1556-1872 -> 966-1000 us, Q4_1 1536 x
+# 576 409-415 -> 330-357, Q4_0 1796-2080 -> 1307-1479, Q5_K 1502-1947 -> 1405-1410; Q6_K and Q5_0 about even.
+BLOCK_QUADS_MAX_TOKENS = 64
 if PAIRS_MIN_TOKENS < TOKENS_PER_PASS:
     raise ImportError("PAIRS_MIN_TOKENS must be at least TOKENS_PER_PASS (the last pass re-reads the last tokens)")
 
