@@ -255,13 +255,21 @@ def test_q8_0_takes_the_quads_from_one_token_only_where_they_are_exact():
         assert (tmpl.batch_path(pw.kind, n) == "quads") == quads_are_exact(128)
 
 
-@pytest.mark.parametrize("w_type, quads_from", [("Q2_K", 2), ("Q5_0", 8)])
-def test_products_take_the_quads_kernel_from_the_types_own_token_count(w_type, quads_from):
-    q, _ = weight(w_type, 70, 256)
-    pw = qmm.pack_weight(q, w_type)
-    assert qmm.cpu_pieces(type_traits(w_type)).quads_from == quads_from
-    assert pw.kernel(False, quads_from) is pw.drivers.get(False, "quads")
-    assert pw.kernel(False, quads_from - 1) is pw.drivers.get(False, "tile")
+def test_products_take_the_quads_kernel_from_the_types_own_token_count():
+    q, _ = weight("Q2_K", 70, 256)      # no block_quads: its decoded quads from its quads_from
+    pw = qmm.pack_weight(q, "Q2_K")
+    assert qmm.cpu_pieces(type_traits("Q2_K")).quads_from == 2
+    assert pw.kernel(False, 2) is pw.drivers.get(False, "quads")
+    assert pw.kernel(False, 1) is pw.drivers.get(False, "tile")
+
+
+def test_types_with_block_quads_take_the_quads_kernel_below_their_quads_from():
+    """Q5_0's decoded quads pay from 8 tokens (quads_from), its quads read in place from one."""
+    q, _ = weight("Q5_0", 70, 256)
+    pw = qmm.pack_weight(q, "Q5_0")
+    assert qmm.cpu_pieces(type_traits("Q5_0")).quads_from == 8
+    for n in (1, 7, 8, tmpl.BLOCK_QUADS_MAX_TOKENS + 1):
+        assert pw.kernel(False, n) is pw.drivers.get(False, "quads"), n
 
 
 def kernel_args(pw, x):
