@@ -6,7 +6,7 @@ and the super-block scales in f32. The integers are ggml's; where ggml's quant i
 offset (Q3_K's -4) the offset comes out through the Q8_K ``bsums`` (sums of 16 activations).
 
 Packing keeps the quant bytes (as uint16 words, two bytes of a row per lane; Q3_K-Q6_K as 32-bit
-words, four bytes of a row per lane, which their products of a few tokens read as byte quads in place:
+words, four bytes of a row per lane, which their products of up to 64 tokens read as byte quads in place:
 ``block_quads``, ``_qmm_quads.word_quad_sums``) and unpacks the 6-bit
 scale/min fields into one byte each, and the f16 super-block scales into f32 (memory: Q3_K +38
 bytes per 110, its quants being repacked as nibbles (see _q3_as_nibbles); Q4_K/Q5_K +4+4 per
@@ -30,7 +30,7 @@ from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, half_word, wor
 from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
 from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_slice
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_bits, f16_field, tile_rows
-from ggflow.backends_builtin.cpu._qmm_quads import word_quad_sums, quads_add_in_int32
+from ggflow.backends_builtin.cpu._qmm_quads import quads_add_in_int32, word_quad_sums
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 
 F32 = np.float32
@@ -166,7 +166,7 @@ def _sum_q2_segment(qs, t, b, xq, i, o, q, part):
 # -------------------------------------------------------------------------------- Q4_K / Q5_K phase 1
 # Q4_K's (and Q3_K's repacked) qs are 32-bit words: word m (0..31) holds bytes 4m .. 4m+3 of chunk c = m // 8
 # at l = 4m % 32: low nibbles are elements 64c + l .. (sub-block 2c), high nibbles 64c + 32 + l .. (2c + 1).
-# The one-token and small-batch path reads them as byte quads (word_quad_sums); the int16 path below
+# Products of up to 64 tokens read them as byte quads (word_quad_sums); the int16 path below
 # takes each word's two 16-bit halves (it runs only where the quads do not: see batch_path).
 
 @njit(cache=True, inline="always")

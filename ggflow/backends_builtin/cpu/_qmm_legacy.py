@@ -14,7 +14,7 @@ accumulation differs. Offsets of unsigned encodings (Q4_0's -8, Q5_0's -16) come
 activation block sums: sum((q - 8) * x) = sum(q * x) - 8 * sum(x).
 
 Quant bytes are kept as little-endian 32-bit words, four bytes of one row per lane (Q5's fifth bits as one
-32-bit mask a block): products of up to a few tokens take the byte quads straight from those words
+32-bit mask a block): products of up to 64 tokens take the byte quads straight from those words
 (``block_quads``, ``_qmm_quads.word_quad_sums``: nibbles masked, fifth bits spread, Q8_0's sign bits flipped,
 in registers), no decoded block in between. The int16 one-pass sums read each word's 16-bit halves
 (``half_word``: a 16-row load then needs no byte-to-word widening, only shifts and masks); they run where
