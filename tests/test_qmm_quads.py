@@ -6,7 +6,7 @@ from numba import njit
 
 import ggflow
 from ggflow.backends_builtin.cpu import _qmm_template as tmpl, quant_matmul as qmm
-from ggflow.backends_builtin.cpu._qmm_quads import word_quad_sums, quad_sums, quads_add_in_int32, quads_are_exact
+from ggflow.backends_builtin.cpu._qmm_quads import quad_sums, quads_add_in_int32, quads_are_exact, word_quad_sums
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 from ggflow.core.types import type_traits
 
