@@ -45,7 +45,7 @@ check_tile(R, __name__)
 
 
 # ---------------------------------------------------------------------------------------------- packing
-def _nibble_words32(blocks: np.ndarray, start: int) -> np.ndarray:
+def _nibble_words(blocks: np.ndarray, start: int) -> np.ndarray:
     """The 16 nibble bytes of each block as 4 little-endian 32-bit words (int32), row-tiled: byte quads in place
     (``_qmm_quads.word_quad_sums``)."""
     return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + 16]).view(np.int32))
@@ -64,22 +64,22 @@ def _f16_words(blocks: np.ndarray, offset: int) -> np.ndarray:
 
 def pack_q4_0(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 18)
-    return _nibble_words32(blocks, 2), _f16_words(blocks, 0)
+    return _nibble_words(blocks, 2), _f16_words(blocks, 0)
 
 
 def pack_q4_1(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 20)
-    return _nibble_words32(blocks, 4), _f16_words(blocks, 0), _f16_words(blocks, 2)
+    return _nibble_words(blocks, 4), _f16_words(blocks, 0), _f16_words(blocks, 2)
 
 
 def pack_q5_0(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 22)
-    return _nibble_words32(blocks, 6), _high_bit_mask(blocks, 2), _f16_words(blocks, 0)
+    return _nibble_words(blocks, 6), _high_bit_mask(blocks, 2), _f16_words(blocks, 0)
 
 
 def pack_q5_1(w: np.ndarray, rows: int, k: int) -> tuple:
     blocks = w.reshape(rows, k // 32, 24)
-    return (_nibble_words32(blocks, 8), _high_bit_mask(blocks, 4), _f16_words(blocks, 0),
+    return (_nibble_words(blocks, 8), _high_bit_mask(blocks, 4), _f16_words(blocks, 0),
             _f16_words(blocks, 2))
 
 
@@ -141,7 +141,7 @@ def _sum_i8_block(qs, t, b, xq, i, o, part):
 # Decode a block of a row tile once into w (32, R) int16, then multiply it into every token.
 
 @njit(cache=True, inline="always")
-def _decode_u4_words32(qs, t, b, w):
+def _decode_u4(qs, t, b, w):
     for m4 in range(4):
         for r in range(R):
             v = U32(qs[t, b, m4, r])
@@ -152,7 +152,7 @@ def _decode_u4_words32(qs, t, b, w):
 
 @njit(cache=True, inline="always")
 def _decode_u5(qs, qh, t, b, w):
-    _decode_u4_words32(qs, t, b, w)
+    _decode_u4(qs, t, b, w)
     for j in range(16):
         for r in range(R):
             w[j, r] |= bit_to(half_word(qh, t, b, 0, r), j, 4)
@@ -253,7 +253,7 @@ def _q8_sums(w, t, b, xq, i, o, part):
 
 @njit(cache=True, inline="always")
 def _q4_decode(w, t, b, wd):
-    _decode_u4_words32(w[0], t, b, wd)
+    _decode_u4(w[0], t, b, wd)
 
 
 @njit(cache=True, inline="always")

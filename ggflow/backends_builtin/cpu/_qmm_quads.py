@@ -82,6 +82,18 @@ def _products(builder, features, w, x):
     return total
 
 
+def _splat(builder, scalar):
+    """An int32 broadcast to every lane."""
+    return builder.shuffle_vector(builder.insert_element(ir.Constant(_SUMS, ir.Undefined), scalar, ir.Constant(_I32, 0)),
+                                  ir.Constant(_SUMS, ir.Undefined), _SPLAT)
+
+
+def _bias_correction(context, builder, xsty, xs, row, group, bias):
+    """bias * xs[row, group] (a group's activation sum), broadcast: what a quad bias adds to each row's sum."""
+    xsp = builder.bitcast(_row_pointer(context, builder, xsty, xs, row), _I32.as_pointer())
+    return _splat(builder, builder.mul(builder.load(builder.gep(xsp, [group])), ir.Constant(_I32, bias)))
+
+
 def _dot_kernel(builder, features):
     """(step(acc, w, x) -> acc, the zero accumulator, finish(acc) -> the int32 sums) of one quad step per
     int32 lane: vpdpbusd with AVX512-VNNI; on AVX2 vpmaddubsw into int16 pairs (_products), which finish
@@ -129,14 +141,9 @@ def quad_sums(typingctx, wq, x8, i0, ntok, o, j0, nquads, part, g, rows, xs, xg,
         intp = cgutils.intp_t
         i0_v, o_v, j0_v, nq_v, g_v, xg_v = (context.cast(builder, args[k], sig.args[k], types.intp)
                                             for k in (2, 4, 5, 6, 8, 11))
-        corrections = []     # per token: bias * the group's activation sum, splat
-        for u in range(ntok_value if bias_value else 0):
-            xsp = _row_pointer(context, builder, sig.args[10], args[10], builder.add(i0_v, ir.Constant(intp, u)))
-            xsum = builder.load(builder.gep(builder.bitcast(xsp, _I32.as_pointer()), [xg_v]))
-            scaled = builder.mul(xsum, ir.Constant(_I32, bias_value))
-            corrections.append(builder.shuffle_vector(
-                builder.insert_element(ir.Constant(_SUMS, ir.Undefined), scaled, ir.Constant(_I32, 0)),
-                ir.Constant(_SUMS, ir.Undefined), _SPLAT))
+        corrections = [_bias_correction(context, builder, sig.args[10], args[10],
+                                        builder.add(i0_v, ir.Constant(intp, u)), xg_v, bias_value)
+                       for u in range(ntok_value if bias_value else 0)]     # per token
         dot_step, zero, finish = _dot_kernel(builder, _target_features(context))
         for q in range(nvec):   # 16 rows at a time: ntok accumulators stay in registers, even AVX2's 16
             accs = [cgutils.alloca_once_value(builder, zero) for _ in range(ntok_value)]
@@ -148,9 +155,7 @@ def quad_sums(typingctx, wq, x8, i0, ntok, o, j0, nquads, part, g, rows, xs, xg,
                 for u in range(ntok_value):
                     xrow = _row_pointer(context, builder, x8ty, x8_v, builder.add(i0_v, ir.Constant(intp, u)), col)
                     xquad = builder.load(builder.bitcast(xrow, _I32.as_pointer()), align=1)
-                    xb = builder.shuffle_vector(builder.insert_element(ir.Constant(_SUMS, ir.Undefined), xquad,
-                                                                       ir.Constant(_I32, 0)),
-                                                ir.Constant(_SUMS, ir.Undefined), _SPLAT)
+                    xb = _splat(builder, xquad)
                     builder.store(dot_step(builder.load(accs[u]), wvec, xb), accs[u])
             for u in range(ntok_value):
                 prow = builder.bitcast(_row_pointer(context, builder, partty, part_v, ir.Constant(intp, u), g_v),
@@ -255,10 +260,7 @@ def word_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows, h
         i0_v = context.cast(builder, args[4], sig.args[4], types.intp)
         features = _target_features(context)
         dot_step, zero, finish = _dot_kernel(builder, features)
-        splat = lambda scalar: builder.shuffle_vector(            # noqa: E731
-            builder.insert_element(ir.Constant(_SUMS, ir.Undefined), scalar, ir.Constant(_I32, 0)),
-            ir.Constant(_SUMS, ir.Undefined), _SPLAT)
-        shifts = [splat(builder.trunc(s, _I32)) for s in (hs_lo, hs_hi)] if hbits_value > 0 else None
+        shifts = [_splat(builder, builder.trunc(s, _I32)) for s in (hs_lo, hs_hi)] if hbits_value > 0 else None
         halves = ((o_lo, g_lo, xg_lo), (o_hi, g_hi, xg_hi))[:1 if hbits_value == SIGNED_BYTES else 2]
         prefetch = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
             ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32]))
@@ -289,14 +291,14 @@ def word_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows, h
                                                     ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
                 shifts_j = shifts
                 if hbits_value == BIT_MASK:       # bits hs + 4j .. hs + 4j + 3 of the mask are quad j's
-                    four_j = splat(builder.trunc(builder.mul(j, ir.Constant(intp, 4)), _I32))
+                    four_j = _splat(builder, builder.trunc(builder.mul(j, ir.Constant(intp, 4)), _I32))
                     shifts_j = [builder.add(shift, four_j) for shift in shifts]
                 xquads = {}
                 for h, (o_v, _, _) in enumerate(halves):
                     col = builder.add(o_v, builder.mul(j, ir.Constant(intp, 4)))
                     for u in range(ntok_value):
                         xrow = _row_pointer(context, builder, x8ty, x8_v, builder.add(i0_v, ir.Constant(intp, u)), col)
-                        xquads[h, u] = splat(builder.load(builder.bitcast(xrow, _I32.as_pointer()), align=1))
+                        xquads[h, u] = _splat(builder, builder.load(builder.bitcast(xrow, _I32.as_pointer()), align=1))
                 for q in qs:
                     wvec = builder.load(builder.gep(wrow, [ir.Constant(intp, q)]), align=4)
                     hvec = builder.load(builder.gep(hrow, [ir.Constant(intp, q)]), align=4) if hbits_value > 0 else None
@@ -306,12 +308,8 @@ def word_quad_sums(typingctx, words, highs, at, x8, i0, ntok, xat, part, rows, h
                             builder.store(dot_step(builder.load(accs[h, u, q]), quads[h], xquads[h, u]), accs[h, u, q])
             for h, (_, g_v, xg_v) in enumerate(halves):
                 for u in range(ntok_value):
-                    row_u = builder.add(i0_v, ir.Constant(intp, u))
-                    correction = None
-                    if bias_value:
-                        xsp = builder.bitcast(_row_pointer(context, builder, xsty, xs_v, row_u), _I32.as_pointer())
-                        correction = splat(builder.mul(builder.load(builder.gep(xsp, [xg_v])),
-                                                       ir.Constant(_I32, bias_value)))
+                    correction = (_bias_correction(context, builder, xsty, xs_v, builder.add(i0_v, ir.Constant(intp, u)),
+                                                   xg_v, bias_value) if bias_value else None)
                     prow = builder.bitcast(_row_pointer(context, builder, partty, part_v, ir.Constant(intp, u), g_v),
                                            _SUMS.as_pointer())
                     for q in qs:
