@@ -433,8 +433,11 @@ def test_packing_in_row_chunks_gives_the_same_arrays(w_type, monkeypatch):
     """Big weights are packed a run of tiles at a time (bounded peak memory): the same bytes."""
     q, _ = weight(w_type, 300, 256, seed=14)
     whole = qmm.pack_weight(q, w_type).arrays
-    monkeypatch.setattr(qmm, "PACK_CHUNK_ROWS", 2 * qmm.TILE)     # 300 rows: chunks of 128, 128, 44
-    chunked = qmm.pack_weight(q, w_type).arrays
+    row_bytes = q.shape[1]
+    monkeypatch.setattr(qmm, "PACK_CHUNK_BYTES", 2 * qmm.TILE * row_bytes)   # 300 rows: runs of 128, 128, 44
+    runs = []
+    chunked = qmm.pack_weight(q, w_type, lambda r0, r1: runs.append((r0, r1))).arrays
+    assert runs == [(0, 128), (128, 256), (256, 300)]
     assert len(chunked) == len(whole)
     for a, b in zip(chunked, whole):
         assert a.dtype == b.dtype and a.shape == b.shape

@@ -58,6 +58,31 @@ def test_weights_packed_into_a_copy_give_their_file_pages_back():
     assert resident(model, [n for n in names if n != "token_embd.weight"]) <= 2 * PAGE * len(names)
 
 
+def test_a_weight_gives_its_rows_pages_back_as_they_are_packed(monkeypatch):
+    """The pages of a weight's rows go as each run of rows is packed, not when the whole weight is: a weight
+    is never resident in the file and in its packed copy at once (beyond a run)."""
+    from ggflow.backends_builtin.cpu import quant_matmul as qmm
+    model = loaded("tiny-llama-hs-q4_k_m")
+    name = max(matrices(model), key=lambda n: model.weights[n].nbytes)
+    weight = model.weights[name]
+    monkeypatch.setattr(qmm, "PACK_CHUNK_BYTES", 1)          # one tile of rows a run
+    seen = []
+    real_pack = qmm.pack_weight
+
+    def pack_weight(w, w_type, packed_rows=None):
+        def after_run(r0, r1):
+            packed_rows(r0, r1)
+            seen.append((r1, model.file.resident_bytes(weight.offset, weight.nbytes)))
+        return real_pack(w, w_type, after_run if w.ctypes.data == weight.numpy().ctypes.data else packed_rows)
+
+    monkeypatch.setattr(qmm, "pack_weight", pack_weight)
+    Context(model, n_ctx=64, backends="cpu")
+    rows, row_bytes = weight.ne[1], weight.nbytes // weight.ne[1]
+    assert len(seen) == -(-rows // qmm.TILE) > 1
+    for r1, resident_now in seen:    # the rows not yet packed, the page holding row r1, the weight's first page
+        assert resident_now <= (rows - r1) * row_bytes + 3 * PAGE
+
+
 def test_weights_read_in_place_keep_their_pages():
     model = loaded("tiny-llama-hs-f32")      # F32 matrices: the packs are the mapped bytes themselves
     names = matrices(model)

@@ -28,11 +28,12 @@ class CPUPlan:
     """A compiled run of nodes: their bound kernels, called in order, on as many of ``n_threads`` (None: numba's
     count) as other processes leave cores free (spare_cores)."""
 
-    __slots__ = ("kernels", "n_threads")
+    __slots__ = ("kernels", "n_threads", "ran")
 
     def __init__(self, kernels: list[Kernel], n_threads: int | None):
         self.kernels = kernels
         self.n_threads = n_threads
+        self.ran = False
 
     def __call__(self) -> None:
         import numba
@@ -48,6 +49,10 @@ class CPUPlan:
             spare_cores.in_use = 0      # no plan running: a product called on its own chooses freely
             if numba.get_num_threads() != previous:
                 numba.set_num_threads(previous)
+        if not self.ran:            # its kernels loaded (or compiled) on this first run: LLVM's work is done
+            self.ran = True
+            from ggflow.backends_builtin.cpu import jit_pages
+            jit_pages.release_code_pages()
 
 
 class CPUBackend(Backend):
@@ -81,6 +86,15 @@ class CPUBackend(Backend):
     def prepare_weight(self, tensor: Tensor) -> None:
         """Pack a weight for the matmul kernels now, so the first compute doesn't (no-op if none apply)."""
         self.packed_weights.get(tensor)
+
+    def adopt_weights(self, weights: Mapping[str, Tensor]) -> None:
+        """Pack the weights (``prepare_weight``) with LLVM's code pages given back before and after
+        (jit_pages.py): the peak then holds the packed copies without the ~68 MiB the JIT's start faulted in."""
+        from ggflow.backends_builtin.cpu import jit_pages
+        jit_pages.start_jit()
+        jit_pages.release_code_pages()
+        super().adopt_weights(weights)
+        jit_pages.release_code_pages()
 
     def compile(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> CPUPlan:
         from ggflow.backends_builtin.cpu.arrays import TensorArrays

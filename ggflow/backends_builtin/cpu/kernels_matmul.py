@@ -82,8 +82,8 @@ class PackedWeights:
         address = w.ctypes.data
         cached = self._packs.get(t)
         if cached is None or cached[0] != address:
-            packs = [[self.kernels.pack_weight(w[i3, i2], t.type.name) for i2 in range(w.shape[1])]
-                     for i3 in range(w.shape[0])]
+            packs = [[self.kernels.pack_weight(w[i3, i2], t.type.name, _release_rows(t, w, w[i3, i2]))
+                      for i2 in range(w.shape[1])] for i3 in range(w.shape[0])]
             cached = self._packs[t] = (address, packs)
             if not any(np.may_share_memory(a, w) for row in packs for pack in row for a in pack.arrays):
                 t.buffer.release(t.offset, t.nbytes)   # packed into a copy: the file's pages can go
@@ -91,6 +91,15 @@ class PackedWeights:
 
     def __len__(self) -> int:
         return len(self._packs)
+
+
+def _release_rows(t: Tensor, w: np.ndarray, matrix: np.ndarray) -> Callable[[int, int], object]:
+    """For pack_weight: give back the pages of the rows of ``matrix`` (one 2-D matrix of ``w``, the weight's
+    array) as they are packed into a copy. Each call releases all rows packed so far, so a page two runs share
+    goes with the second; pages already given back cost nothing to advise again."""
+    start = t.offset + (matrix.ctypes.data - w.ctypes.data)
+    row_bytes = matrix.strides[0]
+    return lambda r0, r1: t.buffer.release(start, r1 * row_bytes)
 
 
 def bind_mul_mat(node: Tensor, arrays: TensorArrays, weights: PackedWeights, n_threads: int | None = None,

@@ -14,8 +14,8 @@ Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K types) with ggml's reference 
 dot products are exact integers, and the scales are applied and accumulated in f32. F16 and BF16
 weights take activations rounded to F16 / BF16; F32 weights take them as they are.
 
-Quantized weights are repacked once into a row-tiled layout (see ``_qmm_layout``), in runs of
-``PACK_CHUNK_ROWS`` rows: a copy the size of the GGUF data for the 32-element types (f16 scales kept as
+Quantized weights are repacked once into a row-tiled layout (see ``_qmm_layout``), in runs of whole tiles of
+about ``PACK_CHUNK_BYTES`` of GGUF data: a copy the size of the GGUF data for the 32-element types (f16 scales kept as
 f16), +0% to +3% for the K types (6-bit scales unpacked to bytes, f16 super-block scales kept as f16 but
 Q6_K's, f32 there, +1%; Q3_K +33%, its quants widened to nibbles); the mmap'd bytes are not kept (the backend gives their pages back).
 F32/F16/BF16 weights are used in place (a reference to ``w``, no copy). docs/performance.md has the
@@ -59,7 +59,10 @@ from ggflow.errors import BackendError, ShapeError, UnknownNameError
 # (15 us) never do.
 PARALLEL_MIN_MACS = 1 << 17
 
-PACK_CHUNK_ROWS = 64 * TILE    # rows packed per pack() call (a multiple of TILE)
+# GGUF bytes packed per pack() call (whole tiles, at least one): pack's temporaries (a contiguous copy of the
+# run, the tiling's transpose) and the run's file pages, until the caller gives them back (packed_rows), are
+# the peak's excess over the packed copy: ~6 MiB with 2 MiB runs, against 3x an 11 MiB weight packed whole
+PACK_CHUNK_BYTES = 2 << 20
 ACTIVATION_TYPES = ("Q8_0", "Q8_1", "Q8_K")   # the vec_dot_types quantize_activations makes
 _BUILTIN_PIECES: dict[str, BlockPieces] = {**leg.PIECES, **kq.PIECES}
 
@@ -179,11 +182,15 @@ class PackedWeight:
         return sum(a.nbytes for a in self.arrays)
 
 
-def pack_weight(w: np.ndarray, w_type: str) -> PackedWeight:
+def pack_weight(w: np.ndarray, w_type: str,
+                packed_rows: Callable[[int, int], object] | None = None) -> PackedWeight:
     """Prepare a 2-D GGUF weight (rows = ggml ne1, k = ne0) for ``mul_mat``.
 
     ``w`` is (rows, row_bytes) uint8 as stored in the file; F32/F16/BF16 may also come as their
-    (rows, k) float32 / float16 / uint16 array.
+    (rows, k) float32 / float16 / uint16 array. ``packed_rows(r0, r1)`` is called as each run of rows
+    [r0, r1) has been copied into the packed arrays, whose kernels never read ``w`` again: the caller may
+    give those rows' memory back then (a memory map's pages) rather than hold the whole weight twice.
+    Types used in place (F32/F16/BF16) never call it.
     """
     w_type = str(w_type).upper()
     w = np.asarray(w)
@@ -202,31 +209,41 @@ def pack_weight(w: np.ndarray, w_type: str) -> PackedWeight:
     qt = _quant_type(traits)
     if qt is None:
         return _pack_converted(w, traits, rows, k)
-    arrays = _pack_in_chunks(qt.pieces.pack, w, rows, k)
+    arrays = _pack_in_chunks(qt.pieces.pack, w, rows, k, packed_rows)
     return PackedWeight(w_type, rows, k, arrays, w_type, qt.kind, traits.vec_dot_type, None,
                         _quant_drivers(qt, arrays, k))
 
 
-def _pack_in_chunks(pack: Callable, w: np.ndarray, rows: int, k: int) -> tuple:
-    """pack() over runs of PACK_CHUNK_ROWS rows into arrays allocated once: a big weight (a 49152-row
-    token embedding) then never has its packed copy and pack's temporaries (a contiguous copy of the
-    quants, the tiling's transpose) in memory at once. Tiles are independent, so chunks of whole tiles
-    pack to the same bytes as one call."""
-    if rows <= PACK_CHUNK_ROWS:
-        return tuple(pack(np.ascontiguousarray(w), rows, k))
+def pack_chunk_rows(row_bytes: int) -> int:
+    """Rows per pack() call: whole tiles of about PACK_CHUNK_BYTES, at least one tile."""
+    return max(1, PACK_CHUNK_BYTES // (TILE * max(row_bytes, 1))) * TILE
+
+
+def _pack_in_chunks(pack: Callable, w: np.ndarray, rows: int, k: int,
+                    packed_rows: Callable[[int, int], object] | None = None) -> tuple:
+    """pack() over runs of whole tiles (pack_chunk_rows) into arrays allocated once: a weight's packed copy
+    then never has pack's temporaries for more than a run beside it, nor, where the caller releases them as
+    told (packed_rows), more than a run of its source. Tiles are independent, so runs of whole tiles pack to
+    the same bytes as one call."""
+    chunk = pack_chunk_rows(w.shape[1])
     n_tiles = -(-rows // TILE)
     arrays = None
-    for r0 in range(0, rows, PACK_CHUNK_ROWS):
-        n = min(PACK_CHUNK_ROWS, rows - r0)
+    for r0 in range(0, rows, chunk):
+        n = min(chunk, rows - r0)
         part = tuple(pack(np.ascontiguousarray(w[r0:r0 + n]), n, k))
         t0, t1 = r0 // TILE, r0 // TILE + -(-n // TILE)
-        if arrays is None:
-            if any(a.shape[0] != t1 - t0 for a in part):
-                raise BackendError(f"a pack function returned arrays of shapes {[a.shape for a in part]} for "
-                                   f"{n} rows: each must be (n_tiles={t1 - t0}, ..., TILE) (qmm_pieces)")
-            arrays = tuple(np.empty((n_tiles,) + a.shape[1:], a.dtype) for a in part)
-        for whole, piece in zip(arrays, part):
-            whole[t0:t1] = piece
+        if any(a.shape[0] != t1 - t0 for a in part):
+            raise BackendError(f"a pack function returned arrays of shapes {[a.shape for a in part]} for "
+                               f"{n} rows: each must be (n_tiles={t1 - t0}, ..., TILE) (qmm_pieces)")
+        if n == rows:
+            arrays = part                                # one run: pack's own arrays are the whole
+        else:
+            if arrays is None:
+                arrays = tuple(np.empty((n_tiles,) + a.shape[1:], a.dtype) for a in part)
+            for whole, piece in zip(arrays, part):
+                whole[t0:t1] = piece
+        if packed_rows is not None:
+            packed_rows(r0, r0 + n)
     return arrays
 
 
