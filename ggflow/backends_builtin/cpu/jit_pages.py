@@ -22,13 +22,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-from typing import Callable
 
 from numba import njit
 
-# LLVM's builds a process may hold: llvmlite's (numba's JIT) and the system's libLLVM-<version>.so.<n>, which
-# Mesa's drivers load (lavapipe, the CPU Vulkan driver, when ggflow probes for Vulkan: 42 MiB resident)
-LIBRARIES = ("libllvmlite.so", "libLLVM")
+# llvmlite's build of LLVM, which numba's JIT runs. Loaded once (ctypes, never closed) for the process's
+# life, so its mappings stay where they were found. Other copies of LLVM are left alone: Mesa's drivers
+# load libLLVM-<n>.so (lavapipe, when ggflow probes for Vulkan: 42 MiB resident) and may unload it with
+# the Vulkan instance, after which its addresses could hold other memory that dropping pages would zero.
+LIBRARY = "libllvmlite.so"
 MADV_DONTNEED = 4
 
 
@@ -43,13 +44,8 @@ def start_jit() -> None:
     _first_kernel()
 
 
-def is_llvm(path: str) -> bool:
-    name = os.path.basename(path)
-    return name == LIBRARIES[0] or name.startswith(LIBRARIES[1] + "-") or name.startswith(LIBRARIES[1] + ".so")
-
-
-def clean_mappings(smaps_text: str, library: Callable[[str], bool] = is_llvm) -> list[tuple[int, int]]:
-    """(start, end) of each mapping of a ``library`` file in /proc/<pid>/smaps text that is not writable and holds no
+def clean_mappings(smaps_text: str, library: str = LIBRARY) -> list[tuple[int, int]]:
+    """(start, end) of each mapping of the file named ``library`` in /proc/<pid>/smaps text that is not writable and holds no
     private copy of a page (``Anonymous: 0 kB``): every page of it is the file's. That is the code and the
     read-only data; the relocated tables (RELRO: read-only now, but written when the library was loaded) hold
     private copies and are not listed."""
@@ -58,7 +54,7 @@ def clean_mappings(smaps_text: str, library: Callable[[str], bool] = is_llvm) ->
         fields = line.split(maxsplit=5)
         if fields and "-" in fields[0] and len(fields) >= 5 and len(fields[1]) == 4:   # a mapping's header
             current = None
-            if len(fields) == 6 and "w" not in fields[1] and library(fields[5]):
+            if len(fields) == 6 and "w" not in fields[1] and os.path.basename(fields[5]) == library:
                 current = tuple(int(v, 16) for v in fields[0].split("-"))
         elif current is not None and fields[:1] == ["Anonymous:"]:
             if fields[1] == "0":
