@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ggflow.backends_builtin.cpu import thread_choice
-from ggflow.backends_builtin.cpu.thread_choice import FIRST_PROBE_AFTER, LAST_PROBE_AFTER, ThreadChoice
+from ggflow.backends_builtin.cpu.thread_choice import FIRST_PROBE_AFTER, LAST_PROBE_AFTER, OUTLIER, ThreadChoice
 
 
 def run_calls(choice: ThreadChoice, n: int, seconds: dict[bool, float]) -> list[bool]:
@@ -39,6 +39,17 @@ def test_a_busy_second_core_turns_the_choice_to_serial_and_one_winning_probe_tur
     assert busy.count(True) <= 200 // FIRST_PROBE_AFTER       # but for the probes
     free = run_calls(choice, 2 * LAST_PROBE_AFTER, {True: 1.0, False: 2.0})
     assert free[-LAST_PROBE_AFTER // 2:].count(False) <= 1    # the first probe saw parallel fast again
+
+
+def test_one_preempted_call_does_not_turn_the_choice_but_a_run_of_them_does():
+    choice = ThreadChoice()
+    run_calls(choice, 8, {True: 1.0, False: 1.4})
+    run_calls(choice, 1, {True: 10.0, False: 1.4})           # a parallel call that lost its core for a slice
+    assert choice.faster and choice.seconds[1] <= 1.0 + 0.25 * (OUTLIER - 1) + 1e-9
+    run_calls(choice, 20, {True: 1.0, False: 1.4})
+    assert choice.faster
+    run_calls(choice, 3, {True: 10.0, False: 1.4})           # the neighbour stays: three slow calls in a row
+    assert not choice.faster
 
 
 def test_adaptive_calls_the_way_chosen_with_the_arguments_and_shares_the_choice_per_key():

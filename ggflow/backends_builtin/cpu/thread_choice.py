@@ -7,7 +7,8 @@ So each product size (a weight's shape times a token count, on a thread count) k
 of its recent parallel and serial calls, runs the faster way, and now and then tries the other, which
 follows the load as it changes: a probe that beats the way in use takes over at once; a probe that loses
 doubles the calls until the next one (FIRST_PROBE_AFTER up to LAST_PROBE_AFTER), since a losing parallel
-probe on a busy machine costs a whole scheduler slice. Results do not depend on the choice: every kernel
+probe on a busy machine costs a whole scheduler slice; and one slow call among fast ones (OUTLIER) is not
+taken for a change of load. Results do not depend on the choice: every kernel
 computes each output row the same way on any thread.
 """
 from __future__ import annotations
@@ -20,6 +21,12 @@ from ggflow.backends_builtin.cpu import spare_cores
 FIRST_PROBE_AFTER = 16    # calls the faster way between two tries of the other, after a change of way
 LAST_PROBE_AFTER = 256    # ... growing to this while the tries keep losing
 SMOOTHING = 0.25          # weight of the newest call in a way's running time: a preempted call fades in a few
+# A call counts at most this many times its way's running time: one preempted call (a parallel region whose
+# worker lost its core for a slice: 2-10x its usual time) then moves the running time by at most a quarter,
+# and the choice turns only when two or more in a row are slow, as a busy neighbour makes them. Counted whole,
+# one such call turned a TinyLlama decode's products to serial for 16 calls at a time: 14% of its gate and up
+# products ran serially at -t 2 (360 against 251 us) on a host whose other tenants come and go.
+OUTLIER = 2.0
 
 
 class ThreadChoice:
@@ -55,7 +62,7 @@ class ThreadChoice:
         if old is None or (parallel != in_use and seconds < self.seconds[in_use]):
             self.seconds[parallel] = seconds            # a first time, or a probe that wins: taken as it is
         else:
-            self.seconds[parallel] = old + SMOOTHING * (seconds - old)
+            self.seconds[parallel] = old + SMOOTHING * (min(seconds, OUTLIER * old) - old)
         if None in self.seconds or parallel == in_use:
             return
         if self.faster == in_use:                       # the probe lost: try less often
