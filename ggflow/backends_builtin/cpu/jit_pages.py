@@ -13,14 +13,15 @@ others) and the next use maps it again, the same bytes. A mapping with private c
 at load, the writable data) is left alone: dropping those would lose what was written. Linux only; elsewhere,
 and wherever /proc or madvise is missing, nothing happens.
 
-The CPU backend calls ``release_code_pages`` after starting the JIT and packing a model's weights (before the
-packed copies grow the process, so the peak does not hold both), and after a plan's first run (its kernels
-load then).
+The CPU backend starts the JIT and gives the pages back before it packs a model's weights (so the peak does
+not hold them beside the packed copies), again after packing (the packers' kernels loaded), and after each
+plan's first run (its kernels load then).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 
 from numba import njit
@@ -30,7 +31,7 @@ from numba import njit
 # load libLLVM-<n>.so (lavapipe, when ggflow probes for Vulkan: 42 MiB resident) and may unload it with
 # the Vulkan instance, after which its addresses could hold other memory that dropping pages would zero.
 LIBRARY = "libllvmlite.so"
-MADV_DONTNEED = 4
+MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)   # Linux's; elsewhere nothing is given back
 
 
 @njit(cache=True)
@@ -45,8 +46,8 @@ def start_jit() -> None:
 
 
 def clean_mappings(smaps_text: str, library: str = LIBRARY) -> list[tuple[int, int]]:
-    """(start, end) of each mapping of the file named ``library`` in /proc/<pid>/smaps text that is not writable and holds no
-    private copy of a page (``Anonymous: 0 kB``): every page of it is the file's. That is the code and the
+    """(start, end) of each mapping of the file named ``library`` in /proc/<pid>/smaps text that is not writable
+    and holds no private copy of a page (``Anonymous: 0 kB``): every page of it is the file's. That is the code and the
     read-only data; the relocated tables (RELRO: read-only now, but written when the library was loaded) hold
     private copies and are not listed."""
     ranges, current = [], None
@@ -86,7 +87,7 @@ def release_code_pages() -> int:
                 _RANGES = clean_mappings(f.read())
         except OSError:
             _RANGES = []
-        _MADVISE = (_madvise() or False) if _RANGES else False
+        _MADVISE = (_madvise() or False) if _RANGES and MADV_DONTNEED is not None else False
     if not _MADVISE:
         return 0
     advised = 0
