@@ -14,10 +14,11 @@ Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K types) with ggml's reference 
 dot products are exact integers, and the scales are applied and accumulated in f32. F16 and BF16
 weights take activations rounded to F16 / BF16; F32 weights take them as they are.
 
-Quantized weights are repacked once into a row-tiled layout (see ``_qmm_layout``), in runs of whole tiles of
-about ``PACK_CHUNK_BYTES`` of GGUF data: a copy the size of the GGUF data for the 32-element types (f16 scales kept as
-f16), +0% to +3% for the K types (6-bit scales unpacked to bytes, f16 super-block scales kept as f16 but
-Q6_K's, f32 there, +1%; Q3_K +33%, its quants widened to nibbles); the mmap'd bytes are not kept (the backend gives their pages back).
+Quantized weights are repacked once into a row-tiled layout (see ``_qmm_layout``), in runs of whole tiles
+of about ``PACK_CHUNK_BYTES`` of GGUF data: a copy the size of the GGUF data for the 32-element types (f16
+scales kept as f16), +0% to +3% for the K types (6-bit scales unpacked to bytes, f16 super-block scales kept
+as f16 but Q6_K's, f32 there, +1%; Q3_K +33%, its quants widened to nibbles); the mmap'd bytes are not kept
+(the backend gives a run's pages back as soon as it is packed: ``pack_weight``'s ``packed_rows``).
 F32/F16/BF16 weights are used in place (a reference to ``w``, no copy). docs/performance.md has the
 per-type figures and speeds.
 
