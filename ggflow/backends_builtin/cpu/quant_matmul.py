@@ -243,8 +243,8 @@ def _pack_in_chunks(pack: Callable, w: np.ndarray, rows: int, k: int,
                 arrays = tuple(np.empty((n_tiles,) + a.shape[1:], a.dtype) for a in part)
             for whole, piece in zip(arrays, part):
                 whole[t0:t1] = piece
-        if packed_rows is not None:
-            packed_rows(r0, r0 + n)
+        if packed_rows is not None and not any(np.may_share_memory(a, w) for a in arrays):
+            packed_rows(r0, r0 + n)     # (a plugin's pack that returned views of w has copied nothing)
     return arrays
 
 
