@@ -191,7 +191,7 @@ def pack_weight(w: np.ndarray, w_type: str,
     (rows, k) float32 / float16 / uint16 array. ``packed_rows(r0, r1)`` is called as each run of rows
     [r0, r1) has been copied into the packed arrays, whose kernels never read ``w`` again: the caller may
     give those rows' memory back then (a memory map's pages) rather than hold the whole weight twice.
-    Types used in place (F32/F16/BF16) never call it.
+    It is not called where nothing was copied: types used in place (F32/F16/BF16), a pack returning views of w.
     """
     w_type = str(w_type).upper()
     w = np.asarray(w)
