@@ -20,7 +20,6 @@ plan's first run (its kernels load then).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 
@@ -65,8 +64,7 @@ def clean_mappings(smaps_text: str, library: str = LIBRARY) -> list[tuple[int, i
 
 
 def _madvise():
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    fn = getattr(libc, "madvise", None)
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "madvise", None)   # the process's own symbols: libc's
     if fn is not None:
         fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
         fn.restype = ctypes.c_int
