@@ -228,6 +228,19 @@ def test_every_batched_path_gives_the_matvec_results_bit_for_bit(w_type, n):
         np.testing.assert_array_equal(batched, one_by_one, err_msg=f"the {path} kernel")
 
 
+@pytest.mark.parametrize("w_type", ["Q4_K", "Q5_K", "Q6_K"])
+def test_block_quads_fold_their_scales_only_where_the_quads_sum_one_group_a_scale(w_type):
+    """The K-quants' block_quads fold the scales in and bring the accumulate that reads that; where the quads add
+    in int16 pairs (AVX2) Q5_K and Q6_K sum their int16 groups apart, fold nothing, and take their accumulate."""
+    pieces = qmm.cpu_pieces(type_traits(w_type))
+    assert tmpl.block_quads_accumulate(pieces, True) is pieces.accumulate_block_quads
+    on_int16_pairs = tmpl.block_quads_accumulate(pieces, False)
+    if pieces.quad_groups_int32:
+        assert on_int16_pairs is pieces.accumulate
+    else:
+        assert on_int16_pairs is pieces.accumulate_block_quads
+
+
 def test_q8_0_quads_are_exact_at_the_extremes_of_a_signed_byte():
     # every weight -128 or 127 (stored + 128: 0 or 255) against activations quantized to +-127: the
     # largest products and bias corrections a Q8_0 block can hold, in every group

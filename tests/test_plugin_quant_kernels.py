@@ -214,6 +214,13 @@ def test_pieces_for_another_block_size_are_refused(iq4_nl, register_type):
         qmm.pack_weight(ggflow.quantize(weights(2, 64), traits), traits.name)
 
 
+def test_an_accumulate_for_block_quads_without_block_quads_is_refused(iq4_nl):
+    pieces = iq4_nl.kernels["cpu"]
+    assert pieces.block_quads is None
+    with pytest.raises(ValueError, match="accumulate_block_quads needs block_quads"):
+        dataclasses.replace(pieces, accumulate_block_quads=pieces.accumulate)
+
+
 def test_group_counts_that_do_not_divide_the_block_are_refused(iq4_nl):
     with pytest.raises(ValueError, match="groups=3"):
         dataclasses.replace(iq4_nl.kernels["cpu"], groups=3)

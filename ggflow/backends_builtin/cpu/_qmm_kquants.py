@@ -290,30 +290,40 @@ def _acc_q3_k(acc, part, sc, d, dy, bsums, i, b):
 
 @njit(cache=True, inline="always")
 def _acc_k4(acc, part, per_sub, sc, mn, d, dmin, dy, bsums, i, b):
-    """Q4_K / Q5_K: ``per_sub`` consecutive partial groups per 32-element sub-block (2 or 4)."""
+    """Q4_K / Q5_K: ``per_sub`` consecutive partial groups per 32-element sub-block (2 or 4; 1 the quads');
+    0: block_quads folded the scales in, sub-blocks 2c and 2c + 1 in slot 2c (_fold_scales)."""
     for r in range(R):
         isum = I32(0)
         summ = I32(0)
         for sb in range(8):
-            s = I32(0)
-            for p in range(per_sub):
-                s = I32(s + I32(part[per_sub * sb + p, r]))
-            isum = I32(isum + I32(sc[sb, r]) * s)
+            if per_sub == 0:
+                if sb % 2 == 0:
+                    isum = I32(isum + I32(part[sb, r]))
+            else:
+                s = I32(0)
+                for p in range(per_sub):
+                    s = I32(s + I32(part[per_sub * sb + p, r]))
+                isum = I32(isum + I32(sc[sb, r]) * s)
             summ = I32(summ + I32(mn[sb, r]) * (bsums[i, 16 * b + 2 * sb] + bsums[i, 16 * b + 2 * sb + 1]))
         acc[r] += (dy * f16_bits_to_f32(d[r])) * F32(isum) - (dy * f16_bits_to_f32(dmin[r])) * F32(summ)
 
 
 @njit(cache=True, inline="always")
 def _acc_q6(acc, part, per_scale, w, t, b, dx, i):     # w: ql, qh, sc, d
-    """``per_scale`` consecutive partial sums per 16-element scale group: 2 (the int16 groups of 8), 1 (the quads')."""
+    """``per_scale`` consecutive partial sums per 16-element scale group: 2 (the int16 groups of 8), 1 (the quads');
+    0: block_quads folded the scales in, groups g and g + 1 in slot g for even g (_fold_scales)."""
     sc, d, dy = w[2][t, b], w[3][t, b], dx[i, b]
     for r in range(R):
         isum = I32(0)
         for g in range(16):
-            s = I32(0)
-            for p in range(per_scale):
-                s = I32(s + I32(part[per_scale * g + p, r]))
-            isum += I32(sc[g, r]) * s
+            if per_scale == 0:
+                if g % 2 == 0:
+                    isum += I32(part[g, r])
+            else:
+                s = I32(0)
+                for p in range(per_scale):
+                    s = I32(s + I32(part[per_scale * g + p, r]))
+                isum += I32(sc[g, r]) * s
         acc[r] += (dy * d[r]) * F32(isum)
 
 
@@ -325,6 +335,11 @@ def _acc_q6_k(acc, part, w, t, b, dx, xe, i):
 @njit(cache=True, inline="always")
 def _acc_q6_k_quads(acc, part, w, t, b, dx, xe, i):   # the quads' sums, one a scale group (quad_groups=16)
     _acc_q6(acc, part, 1, w, t, b, dx, i)
+
+
+@njit(cache=True, inline="always")
+def _acc_q6_k_block_quads(acc, part, w, t, b, dx, xe, i):   # block_quads' sums, the scales folded in
+    _acc_q6(acc, part, 0, w, t, b, dx, i)
 
 
 # -------------------------------------------------------------------------------- batched decoding
@@ -511,14 +526,31 @@ def _q5_k_sums(w, t, b, xq, i, o, part):
 
 
 @njit(cache=True, inline="always")
+def _fold_scales(part, sc, ntok, g0, n):
+    """part[u, g0] = sum of sc[g] * part[u, g] over the n groups from g0 (tokens u < ntok), in int32 as the
+    accumulate would: a chunk's scales applied right after its sums (BlockPieces.accumulate_block_quads).
+    Spread over the block's chunks, this work sits between loops that load the weight and ask for the next
+    block's lines; left to the block's end it was a stretch with neither, which a one-token Q4_K product
+    from memory paid for with ~20% of its time (in cache 2%; docs/performance.md, "Thirteenth session")."""
+    for u in range(ntok):
+        for r in range(R):
+            s = I32(0)
+            for g in range(g0, g0 + n):
+                s = I32(s + I32(sc[g, r]) * part[u, g, r])
+            part[u, g0, r] = s
+
+
+@njit(cache=True, inline="always")
 def _q4_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
     """Q4_K's sums straight from its words, one a sub-block (quad_groups=8): chunk c's low nibbles are
-    sub-block 2c, its high ones 2c + 1; a quarter of the next block asked for before each chunk."""
-    qs = w[0]
+    sub-block 2c, its high ones 2c + 1, their scaled sum left in slot 2c (_fold_scales); a quarter of the
+    next block asked for before each chunk."""
+    qs, sc = w[0], w[1][t, b]
     prefetch_slice(w[1:], t, b, NEXT_BLOCK, 0, 1)
     for c in range(4):
         word_quad_sums(qs, qs, (t, b, 8 * c, 8, 0, 0, 0), x8, i, ntok,
                        (o + 64 * c, o + 64 * c + 32, 2 * c, 2 * c + 1, 0, 0), part, R, 0, xs, 0, NEXT_BLOCK)
+        _fold_scales(part, sc, ntok, 2 * c, 2)
 
 
 @njit(cache=True, inline="always")
@@ -552,6 +584,8 @@ def _q5_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
             word_quad_sums(qs, qh, (t, b, 8 * c + Q5K_GROUP_WORDS * gi, Q5K_GROUP_WORDS, Q5K_GROUP_WORDS * gi,
                                     2 * c, 2 * c + 1), x8, i, ntok,
                            (o + e, o + e + 32, e // gsize, (e + 32) // gsize, 0, 0), part, R, 1, xs, 0, NEXT_BLOCK)
+        if Q5K_GROUP_WORDS == 8:      # one sum a sub-block (int32 quads): fold as Q4_K does; AVX2 keeps its groups
+            _fold_scales(part, w[2][t, b], ntok, 2 * c, 2)
 
 
 # Q6_K's ql and qh are 32-bit words too: ql word 16h + 8s + j holds bytes 64h + 32s + 4j .., whose low nibbles
@@ -576,6 +610,9 @@ def _q6_k_block_quads(w, t, b, x8, xs, i, ntok, o, part):
                                         8 * h + Q6_GROUP_WORDS * gi, 2 * s, 2 * s + 4), x8, i, ntok,
                                (o + e, o + e + 64, g_lo, g_hi, b * (QK // gsize) + g_lo, b * (QK // gsize) + g_hi),
                                part, R, 2, xs, 32, NEXT_BLOCK)
+            if Q6_GROUP_WORDS == 4:   # one sum a scale (int32 quads): groups 8h + 2s, +1 and + 4, + 5
+                _fold_scales(part, w[2][t, b], ntok, 8 * h + 2 * s, 2)
+                _fold_scales(part, w[2][t, b], ntok, 8 * h + 2 * s + 4, 2)
 
 
 @njit(cache=True, inline="always")
@@ -623,17 +660,28 @@ def _q5_k_quads_acc(acc, part, w, t, b, dx, xe, i):   # the quads' sums, one a s
     _acc_k4(acc, part, 1, w[2][t, b], w[3][t, b], w[4][t, b], w[5][t, b], dx[i, b], xe, i, b)
 
 
+@njit(cache=True, inline="always")
+def _q4_k_block_acc(acc, part, w, t, b, dx, xe, i):   # block_quads' sums, the scales folded in
+    _acc_k4(acc, part, 0, w[1][t, b], w[2][t, b], w[3][t, b], w[4][t, b], dx[i, b], xe, i, b)
+
+
+@njit(cache=True, inline="always")
+def _q5_k_block_acc(acc, part, w, t, b, dx, xe, i):   # block_quads' sums, the scales folded in
+    _acc_k4(acc, part, 0, w[2][t, b], w[3][t, b], w[4][t, b], w[5][t, b], dx[i, b], xe, i, b)
+
+
 PIECES = {
     # quads_from: where the quads kernel measured faster than the tile one (docs/performance.md, Zen 3)
     "Q2_K": BlockPieces(QK, 16, pack_q2_k, _q2_k_sums, _q2_k_dec, _q2_k_acc, _q2_k_quads, quads_from=2),
     "Q3_K": BlockPieces(QK, 16, pack_q3_k, _q4_k_sums, _q4_k_dec, _q3_k_acc, _q4_k_quads, quads_from=2,
                         block_quads=_q3_k_block_quads),
     "Q4_K": BlockPieces(QK, 16, pack_q4_k, _q4_k_sums, _q4_k_dec, _q4_k_acc, _q4_k_quads, quads_from=2,
-                        quad_groups=8, accumulate_quads=_q4_k_quads_acc, block_quads=_q4_k_block_quads),
+                        quad_groups=8, accumulate_quads=_q4_k_quads_acc, block_quads=_q4_k_block_quads,
+                        accumulate_block_quads=_q4_k_block_acc),
     "Q5_K": BlockPieces(QK, 32, pack_q5_k, _q5_k_sums, _q5_k_dec, _q5_k_acc, _q5_k_quads, quads_from=3,
                         quad_groups=8, accumulate_quads=_q5_k_quads_acc, quad_groups_int32=True,
-                        block_quads=_q5_k_block_quads),
+                        block_quads=_q5_k_block_quads, accumulate_block_quads=_q5_k_block_acc),
     "Q6_K": BlockPieces(QK, 32, pack_q6_k, _sum_q6_block, _decode_q6_k, _acc_q6_k, _q6_k_quads, quad_bias=32,
                         quad_groups=16, accumulate_quads=_acc_q6_k_quads, quad_groups_int32=True,
-                        block_quads=_q6_k_block_quads),
+                        block_quads=_q6_k_block_quads, accumulate_block_quads=_acc_q6_k_block_quads),
 }

@@ -350,6 +350,7 @@ def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
     decode_quads, bias = p.decode_quads, p.quad_bias
     qk = p.block_size
     qgroups, accumulate, groups = quad_plan(p, quads_add_in_int32())
+    block_accumulate = block_quads_accumulate(p, quads_add_in_int32())
     quads_per_group = qk // qgroups // 4
     ahead = p.prefetch_bytes
     # a type without block_quads never takes that loop (direct_max 0); the stub only keeps it typed
@@ -369,10 +370,10 @@ def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
                 for i in range(0, n - n % QUAD_TOKENS, QUAD_TOKENS):
                     block_quads(w, t, b, x8, xs, i, QUAD_TOKENS, b * qk, sums)
                     for u in range(QUAD_TOKENS):
-                        accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+                        block_accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
                 for i in range(n - n % QUAD_TOKENS, n):
                     block_quads(w, t, b, x8, xs, i, 1, b * qk, sums)
-                    accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
+                    block_accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
             for i in range(n):
                 _store_tile(acc[i], out, i, t)
             return
@@ -410,6 +411,14 @@ def quad_plan(p, int32_sums: bool) -> tuple:
     if p.accumulate_quads is None:
         return p.quad_group_count, p.accumulate, p.groups
     return p.quad_group_count, p.accumulate_quads, p.quad_group_count
+
+
+def block_quads_accumulate(p, int32_sums: bool):
+    """The accumulate that reads block_quads' sums: the type's accumulate_block_quads (its block_quads folded the
+    scales in), except where quad_groups_int32 sends the quads back to the type's groups (AVX2), else quad_plan's."""
+    if p.accumulate_block_quads is not None and (int32_sums or not p.quad_groups_int32):
+        return p.accumulate_block_quads
+    return quad_plan(p, int32_sums)[1]
 
 
 def _activation_group_sums(kind, x8):

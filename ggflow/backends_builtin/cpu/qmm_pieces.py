@@ -22,6 +22,12 @@ Q8_K), and the skeleton calls the type's pieces for each block ``b`` of each til
                                           words (``_qmm_quads.word_quad_sums``), part (ntok, groups, TILE);
                                           products of up to BLOCK_QUADS_MAX_TOKENS tokens take it instead of
                                           decode_quads + quad_sums
+    accumulate_block_quads(acc, part, w, t, b, dx, xe, i)   optional, with block_quads: the accumulate of what
+                                          block_quads left where it folds the type's integer scales in as it
+                                          goes (a run of groups' scaled sum in the run's first slot: the
+                                          K-quants' ``_fold_scales``), so that a block ends in a short accumulate: a long one is a
+                                          stretch with no load of the weight's in the instruction window, which
+                                          a one-token product streaming from memory pays for (Q4_K 1.2x)
 
 ``w`` is the tuple ``pack`` returned. Groups are consecutive runs of ``block_size // groups`` elements
 whose products fit int16 (|q * x| summed over the group below 2**15); for batches the skeleton forms
@@ -70,6 +76,10 @@ class BlockPieces:
                                                # reading groups - quad_groups zeros)
     block_quads: Callable | None = None   # optional: the quads' sums straight from the packed words, no decoded
                                           # block (needs decode_quads, which larger batches still take)
+    accumulate_block_quads: Callable | None = None   # optional: the accumulate after block_quads where it folds
+                                                     # the scales in (None: the quads' accumulate); where the
+                                                     # quads add in int16 pairs and quad_groups_int32 is set,
+                                                     # block_quads must not fold (the skeleton calls accumulate)
     quad_groups_int32: bool = False   # quad_groups only where the quads add in int32 (AVX512-VNNI, plain IR):
                                       # on AVX2 their int16 pair sums hold half a quad group, and half of these
                                       # bigger groups' products may not fit (Q5_K, Q6_K), so there the quads sum
@@ -87,6 +97,8 @@ class BlockPieces:
         if self.decode_quads is not None and (self.block_size // self.quad_group_count) % 4:
             raise ValueError(f"BlockPieces: decode_quads needs groups of a multiple of 4 elements, got "
                              f"{self.block_size // self.quad_group_count}")
+        if self.accumulate_block_quads is not None and self.block_quads is None:
+            raise ValueError("BlockPieces: accumulate_block_quads needs block_quads (it reads what that left)")
         if self.block_quads is not None and self.decode_quads is None:
             raise ValueError("BlockPieces: block_quads needs decode_quads (batches past BLOCK_QUADS_MAX_TOKENS take it)")
         if self.quads_from < 1:
@@ -104,7 +116,8 @@ class BlockPieces:
         return self.quad_groups or self.groups
 
     def functions(self) -> tuple[Callable, ...]:
-        extra = tuple(f for f in (self.decode_quads, self.accumulate_quads, self.block_quads) if f is not None)
+        extra = tuple(f for f in (self.decode_quads, self.accumulate_quads, self.block_quads,
+                                  self.accumulate_block_quads) if f is not None)
         return (self.pack, self.block_sums, self.decode, self.accumulate) + extra
 
 
