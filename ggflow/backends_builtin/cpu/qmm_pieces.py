@@ -25,9 +25,10 @@ Q8_K), and the skeleton calls the type's pieces for each block ``b`` of each til
     accumulate_block_quads(acc, part, w, t, b, dx, xe, i)   optional, with block_quads: the accumulate of what
                                           block_quads left where it folds the type's integer scales in as it
                                           goes (a run of groups' scaled sum in the run's first slot: the
-                                          K-quants' ``_fold_scales``), so that a block ends in a short accumulate: a long one is a
-                                          stretch with no load of the weight's in the instruction window, which
-                                          a one-token product streaming from memory pays for (Q4_K 1.2x)
+                                          K-quants' ``_fold_scales``), so that a block ends in a short
+                                          accumulate: a long one is a stretch with no load of the weight in
+                                          the instruction window, which a one-token product streaming from
+                                          memory pays for (Q4_K 1.2x)
 
 ``w`` is the tuple ``pack`` returned. Groups are consecutive runs of ``block_size // groups`` elements
 whose products fit int16 (|q * x| summed over the group below 2**15); for batches the skeleton forms
