@@ -7,6 +7,9 @@ the kernel reports it at exit (wait4's rusage, the figure /usr/bin/time -v print
     LLAMA_BENCH=path/to/llama-bench python benchmarks/bench_vs_llamacpp.py [MODEL.gguf ...]
         [--threads 1 2] [--rounds 3] [-r 3] [-p 64] [-n 32] [-d 0]
 With no model, the default one (ggflow.api.default_model_path()).
+Before the rounds, ggflow runs each cell once untimed (``--no-warm-up`` skips it): numba compiles a kernel the
+first time a process needs it and caches it on disk, and a round that compiled would count that time's memory
+(LLVM's, ~50 MiB on the default model) in its peak RSS, as the first run after any change to a kernel does.
 """
 from __future__ import annotations
 
@@ -61,10 +64,13 @@ def bench_llamacpp(binary: str, model: str, args: argparse.Namespace, threads: i
     into.rss_mib.append(rss)
 
 
+def ggflow_command(model: str, args: argparse.Namespace, threads: int, repetitions: int) -> list[str]:
+    return [sys.executable, "-m", "ggflow.cli", "bench", "-m", model, "-p", str(args.n_prompt),
+            "-n", str(args.n_gen), "-t", str(threads), "-r", str(repetitions), "-d", str(args.n_depth), "--json"]
+
+
 def bench_ggflow(model: str, args: argparse.Namespace, threads: int, into: Samples) -> None:
-    cmd = [sys.executable, "-m", "ggflow.cli", "bench", "-m", model, "-p", str(args.n_prompt),
-           "-n", str(args.n_gen), "-t", str(threads), "-r", str(args.repetitions), "-d", str(args.n_depth), "--json"]
-    rc, out, err, _ = run_child(cmd)
+    rc, out, err, _ = run_child(ggflow_command(model, args, threads, args.repetitions))
     if rc != 0:
         into.errors.append(f"ggflow bench exit {rc}: {err.strip().splitlines()[-1:] or ''}")
         return
@@ -72,6 +78,13 @@ def bench_ggflow(model: str, args: argparse.Namespace, threads: int, into: Sampl
     for result in report["results"]:
         (into.pp if result["test"].startswith("pp") else into.tg).extend(result["runs"])
     into.rss_mib.append(report["peak_rss_mb"])
+
+
+def warm_up_ggflow(model: str, args: argparse.Namespace, threads: int) -> str | None:
+    """One untimed ggflow bench of the cell (one repetition), so that the rounds load every kernel from numba's
+    cache; returns what went wrong, if anything (the rounds then report it too)."""
+    rc, _, err, _ = run_child(ggflow_command(model, args, threads, repetitions=1))
+    return None if rc == 0 else f"warm-up exit {rc}: {err.strip().splitlines()[-1:] or ''}"
 
 
 def median(values: list[float]) -> float | None:
@@ -111,6 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("-p", "--n-prompt", type=int, default=64)
     ap.add_argument("-n", "--n-gen", type=int, default=32)
     ap.add_argument("-d", "--n-depth", type=int, default=0, help="tokens in the KV cache before each test")
+    ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                    help="skip ggflow's untimed run of each cell before the rounds (see the module docstring)")
     args = ap.parse_args(argv)
     if not args.llama_bench:
         ap.error("no llama-bench: pass --llama-bench PATH or set LLAMA_BENCH")
@@ -128,6 +143,10 @@ def main(argv: list[str] | None = None) -> None:
         from ggflow.api import default_model_path
         args.models = [default_model_path()]
     cells = {(model, t): (Samples(), Samples()) for model in args.models for t in args.threads}
+    if args.warm_up:
+        for model, threads in cells:
+            problem = warm_up_ggflow(model, args, threads)
+            print(f"warm-up: {Path(model).name} -t {threads} {problem or 'done'}", file=sys.stderr)
     for round_no in range(args.rounds):
         for (model, threads), (theirs, ours) in cells.items():
             # Alternate which engine goes first, so neither always runs after the other's warm caches.
