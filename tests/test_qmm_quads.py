@@ -144,6 +144,11 @@ def test_the_4_5_6_and_8_bit_types_read_their_quads_in_place():
     assert set(BLOCK_QUAD_TYPES) == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 
 
+# where the K-quants' block_quads fold their scales in (BlockPieces.accumulate_block_quads): which packed array holds
+# the scale of each quad group (Q4_K's and Q5_K's one a 32-element sub-block, Q6_K's one a 16-element group)
+FOLDED_SCALES = {"Q4_K": 1, "Q5_K": 2, "Q6_K": 2}
+
+
 def _block_quads(pieces, w, x8, xs, i0, ntok, nb, groups):
     block_quads, qk = pieces.block_quads, pieces.block_size
 
@@ -185,11 +190,15 @@ def test_block_quads_are_the_group_sums_of_the_decoded_block(w_type, ntok):
     x8[i0 + ntok - 1, 1::5] = 127
     xs = x8.astype(np.int64).reshape(4, -1, gsize).sum(axis=2).astype(np.int32)
     part = _block_quads(pieces, w, x8, xs, i0, ntok, nb, qgroups)
+    folds = tmpl.block_quads_accumulate(pieces, quads_add_in_int32()) is pieces.accumulate_block_quads
     for b in range(nb):
         for u in range(ntok):
             prod = wd[b].astype(np.int64) * x8[i0 + u, b * qk:(b + 1) * qk].astype(np.int64)[:, None]
-            np.testing.assert_array_equal(part[b, u], prod.reshape(qgroups, gsize, ROWS).sum(axis=1),
-                                          err_msg=f"block {b}, token {u}")
+            want = prod.reshape(qgroups, gsize, ROWS).sum(axis=1)
+            if folds:    # each even group's slot holds it and the next one times their scales
+                sc = w[FOLDED_SCALES[w_type]][0, b].astype(np.int64)
+                want[0::2] = sc[0::2] * want[0::2] + sc[1::2] * want[1::2]
+            np.testing.assert_array_equal(part[b, u], want, err_msg=f"block {b}, token {u}")
 
 
 @njit(cache=True)
