@@ -52,6 +52,40 @@ def test_one_preempted_call_does_not_turn_the_choice_but_a_run_of_them_does():
     assert not choice.faster
 
 
+def run_until_probe_in(choice: ThreadChoice, calls: int, seconds: dict[bool, float]) -> None:
+    """Calls of the way in use until the next probe is ``calls`` calls away."""
+    for _ in range(10 * LAST_PROBE_AFTER):
+        if choice.until_probe == calls:
+            return
+        run_calls(choice, 1, seconds)
+    raise AssertionError("no probe came")
+
+
+def test_a_probe_must_beat_the_way_in_use_now_not_its_time_from_a_slower_moment():
+    # the memory's rate moves: one-token products take 1.5x longer for a while, then speed up again
+    choice = ThreadChoice()
+    run_calls(choice, 40, {True: 1.5, False: 2.4})           # a slow moment: parallel 1.5, serial 2.4
+    run_until_probe_in(choice, 2, {True: 1.5, False: 2.4})
+    fast = {True: 1.0, False: 1.3}                            # then a fast one
+    assert run_calls(choice, 2, fast) == [True, False]        # one parallel call, then the probe of serial
+    assert choice.faster                                      # 1.3 beat parallel's running time, not its 1.0
+    assert choice.seconds[0] >= choice.seconds[1]
+    assert run_calls(choice, 4 * FIRST_PROBE_AFTER, fast).count(False) <= 1
+
+
+def test_the_way_in_use_slowing_past_the_others_time_probes_the_other_at_once_and_only_once():
+    choice = ThreadChoice()
+    run_calls(choice, 4 + 3 * LAST_PROBE_AFTER, {True: 1.0, False: 1.6})   # probes every LAST_PROBE_AFTER calls now
+    slow = {True: 1.8, False: 2.9}                                         # everything slower, parallel still ahead
+    taken = run_calls(choice, 100, slow)
+    first_probe = taken.index(False)
+    assert first_probe < 10                        # parallel's running time passed serial's 1.6: tried at once
+    assert taken.count(False) == 1 and choice.faster   # it lost, so serial's 2.9 stands and no probe follows
+    busy = {True: 5.0, False: 2.9}                 # a busy neighbour: the same path turns it to serial
+    taken = run_calls(choice, 20, busy)
+    assert taken.index(False) < 6 and not choice.faster
+
+
 def test_adaptive_calls_the_way_chosen_with_the_arguments_and_shares_the_choice_per_key():
     calls = []
     key = ("test", object())

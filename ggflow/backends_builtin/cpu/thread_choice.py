@@ -4,12 +4,19 @@ Two threads pay only while the second core is free. On a machine whose cores oth
 parallel region waits for a scheduler slice at its start or its end (docs/performance.md, "Threads"),
 and then the same product on the calling thread alone is faster: ``-t 2`` was slower than ``-t 1``.
 So each product size (a weight's shape times a token count, on a thread count) keeps the smoothed time
-of its recent parallel and serial calls, runs the faster way, and now and then tries the other, which
-follows the load as it changes: a probe that beats the way in use takes over at once; a probe that loses
-doubles the calls until the next one (FIRST_PROBE_AFTER up to LAST_PROBE_AFTER), since a losing parallel
-probe on a busy machine costs a whole scheduler slice; and one slow call among fast ones (OUTLIER) is not
-taken for a change of load. Results do not depend on the choice: every kernel
-computes each output row the same way on any thread.
+of its recent calls of the way in use, runs that way, and now and then tries the other (a probe). A probe
+that loses doubles the calls until the next one (FIRST_PROBE_AFTER up to LAST_PROBE_AFTER), since a losing
+parallel probe on a busy machine costs a whole scheduler slice; one slow call among fast ones (OUTLIER) is
+not taken for a change of load; and when the way in use has slowed below the other's last known time, the
+other is probed at once.
+
+The way changes only through a probe that beats the way in use now: both its smoothed time and its last
+call, the one right before the probe. This host's memory rate moves by a third within seconds (other
+tenants), and a one-token product streams its weight from memory, so its time moves with it: a probe run
+in a fast moment beat a running time gathered in a slow one, and a stale time of the other way looked
+faster than the way in use in a slow one. Compared that way, 4-6% of a TinyLlama decode's big products ran
+serially on a quiet machine, each 1.5x slower (decode 3-6% slower than with every product parallel).
+Results do not depend on the choice: every kernel computes each output row the same way on any thread.
 """
 from __future__ import annotations
 
@@ -30,20 +37,16 @@ OUTLIER = 2.0
 
 
 class ThreadChoice:
-    """The running times of one product size, serial ([0]) and parallel ([1])."""
+    """The running times of one product size, serial ([0]) and parallel ([1]), and the way in use."""
 
-    __slots__ = ("seconds", "seen", "until_probe", "probe_after")
+    __slots__ = ("seconds", "seen", "until_probe", "probe_after", "faster", "last")
 
     def __init__(self) -> None:
         self.seconds: list[float | None] = [None, None]
         self.seen = [0, 0]
         self.until_probe = self.probe_after = FIRST_PROBE_AFTER
-
-    @property
-    def faster(self) -> bool:
-        """The way in use: True for parallel."""
-        serial, parallel = self.seconds
-        return parallel is None or (serial is not None and parallel <= serial)
+        self.faster = True                  # the way in use: True for parallel
+        self.last: float | None = None      # the time of the last call of the way in use
 
     def parallel_now(self) -> bool:
         if None in self.seconds:
@@ -58,17 +61,26 @@ class ThreadChoice:
         self.seen[parallel] += 1
         if self.seen[parallel] == 1:
             return   # a kernel's first call may include loading it from numba's cache
-        old, in_use = self.seconds[parallel], self.faster
-        if old is None or (parallel != in_use and seconds < self.seconds[in_use]):
-            self.seconds[parallel] = seconds            # a first time, or a probe that wins: taken as it is
-        else:
-            self.seconds[parallel] = old + SMOOTHING * (min(seconds, OUTLIER * old) - old)
-        if None in self.seconds or parallel == in_use:
+        old = self.seconds[parallel]
+        if None in self.seconds:            # still measuring both ways: the faster is the way in use
+            self.seconds[parallel] = seconds if old is None else old + SMOOTHING * (min(seconds, OUTLIER * old) - old)
+            if None not in self.seconds:
+                self.faster = self.seconds[1] <= self.seconds[0]
+                self.last = self.seconds[self.faster]
             return
-        if self.faster == in_use:                       # the probe lost: try less often
-            self.probe_after = min(2 * self.probe_after, LAST_PROBE_AFTER)
-        else:
+        if parallel == self.faster:
+            self.seconds[parallel] = old + SMOOTHING * (min(seconds, OUTLIER * old) - old)
+            self.last = seconds
+            if self.seconds[parallel] > self.seconds[not parallel]:
+                self.until_probe = 0        # slower than the other way was: try it now
+            return
+        if seconds < min(self.seconds[self.faster], self.last):     # a probe that beats the way in use now
+            self.faster, self.last = parallel, seconds
+            self.seconds[parallel] = seconds
             self.probe_after = FIRST_PROBE_AFTER
+        else:                               # it lost: no faster than the way in use, so not counted as faster
+            self.seconds[parallel] = max(seconds, self.seconds[self.faster])
+            self.probe_after = min(2 * self.probe_after, LAST_PROBE_AFTER)
         self.until_probe = self.probe_after
 
 

@@ -1,0 +1,97 @@
+"""benchmarks/bench_decode_paired.py: rounds in rotating order, ratios taken round by round, the variants' worker
+protocol on a real (tiny) model; llama-bench is stood in for."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_decode_paired.py"
+
+
+@pytest.fixture()
+def paired(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_decode_paired", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_round_runs_everyone_once_in_an_order_that_rotates(paired):
+    order = []
+    runners = {name: (lambda name=name: order.append(name) or 1.0) for name in "abc"}
+    speeds = paired.rounds(runners, 4, report=lambda line: None)
+    assert order == list("abc" "bca" "cab" "abc")
+    assert speeds == {name: [1.0] * 4 for name in "abc"}
+
+
+def test_ratios_are_taken_round_by_round_not_from_the_medians(paired):
+    # the host slows down by half in rounds 3-4: each pair still says 0.9
+    speeds = {"llama.cpp": [50.0, 50.0, 25.0, 25.0, 25.0], "ggflow": [45.0, 45.0, 22.5, 22.5, 22.5]}
+    rows = paired.summary(speeds)
+    assert rows[2] == "| llama.cpp | 25.0 | 1.00 | 1.00-1.00 |"
+    assert rows[3] == "| ggflow | 22.5 | 0.90 | 0.90-0.90 |"
+
+
+def test_variants_parse_into_names_and_environments(paired):
+    assert paired.parse_variant("old=PYTHONPATH=/a/b,NUMBA_CACHE_DIR=/c") == (
+        "old", {"PYTHONPATH": "/a/b", "NUMBA_CACHE_DIR": "/c"})
+    assert paired.parse_variant("plain=") == ("plain", {})
+    for bad in ("=X=1", "v=X", "v==1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            paired.parse_variant(bad)
+
+
+def test_arguments_that_cannot_pair_are_refused(paired, tmp_path, capsys):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    for argv in ([str(model), "--no-llama"],                                        # one variant, nothing to pair
+                 [str(model), "--no-llama", "--variant", "a=", "--variant", "a=X=1"],  # one name twice
+                 [str(tmp_path / "missing.gguf"), "--no-llama", "--variant", "a=", "--variant", "b="],
+                 [str(model), "--llama-bench", str(tmp_path / "no-such-binary")]):
+        with pytest.raises(SystemExit):
+            paired.parse_args(argv)
+    assert "error:" in capsys.readouterr().err
+
+
+def test_a_variant_worker_loads_once_and_decodes_on_each_request(paired, tiny_model_path):
+    args = paired.parse_args([str(tiny_model_path("llama")), "--no-llama", "--variant", "a=", "--variant", "b=",
+                              "-t", "1", "-n", "4"])
+    variant = paired.Variant("a", {"GGFLOW_FOLLOW_LOAD": "0"}, args)
+    try:
+        speeds = [variant.run() for _ in range(2)]
+    finally:
+        variant.close()
+    assert variant.proc.returncode == 0                  # stdin closed: the worker left on its own
+    assert all(s > 0 for s in speeds)
+
+
+def test_main_prints_the_table_with_llama_bench_stood_in(paired, tmp_path, monkeypatch, capsys):
+    binary = tmp_path / "llama-bench"
+    binary.write_text("#!/bin/sh\nexit 1\n")
+    binary.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    llama_speeds = itertools.cycle([40.0, 20.0])
+    ggflow_speeds = itertools.cycle([36.0, 18.0])
+
+    class FakeVariant:
+        def __init__(self, name, env, args):
+            self.name = name
+
+        def run(self):
+            return next(ggflow_speeds)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(paired, "Variant", FakeVariant)
+    monkeypatch.setattr(paired, "run_llama", lambda *a: next(llama_speeds))
+    paired.main([str(model), "--llama-bench", str(binary), "--rounds", "4"])
+    out = capsys.readouterr().out
+    assert "| ggflow | 27.0 | 0.90 | 0.90-0.90 |" in out
