@@ -28,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# appended, not put first: a variant's PYTHONPATH (another checkout) must win over this one
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 LLAMA = "llama.cpp"
 # llama-bench (libgomp too) must not inherit the wait policy ggflow's import sets (see bench_vs_llamacpp)
@@ -53,7 +54,7 @@ def worker(model: str, threads: int, n_gen: int) -> None:
 
     tg()        # compiles or loads the kernels, packs the weights, builds the graph
     tg()
-    print(READY, flush=True)
+    print(f"{READY} {Path(sys.modules['ggflow'].__file__).parent.parent}", flush=True)
     for _ in sys.stdin:
         print(f"{tg():.3f}", flush=True)
 
@@ -66,11 +67,12 @@ class Variant:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--worker", args.model, "-t", str(args.threads), "-n", str(args.n_gen)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**CALLER_ENV, **env})
-        line = self.proc.stdout.readline().strip()
-        if line != READY:
+        line = self.proc.stdout.readline().split(maxsplit=1)
+        if line[:1] != [READY]:
             self.close()
             raise RuntimeError(f"variant {name!r}: the worker did not start (exit {self.proc.returncode}); "
                                f"its stderr is above")
+        self.source = line[1].strip() if len(line) > 1 else "?"     # the checkout whose ggflow it runs
 
     def run(self) -> float:
         self.proc.stdin.write("go\n")
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for name, env in args.variant:
             variants.append(Variant(name, env, args))
-            print(f"{name}: loaded", flush=True)
+            print(f"{name}: loaded, ggflow from {variants[-1].source}", flush=True)
         runners = {LLAMA: lambda: run_llama(args.llama_bench, args.model, args.threads, args.n_gen)} if args.llama else {}
         runners.update({v.name: v.run for v in variants})
         speeds = rounds(runners, args.rounds, report=lambda line: print(line, flush=True))

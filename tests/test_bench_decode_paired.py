@@ -68,6 +68,7 @@ def test_a_variant_worker_loads_once_and_decodes_on_each_request(paired, tiny_mo
     finally:
         variant.close()
     assert variant.proc.returncode == 0                  # stdin closed: the worker left on its own
+    assert Path(variant.source, "ggflow").is_dir()       # it says which checkout it runs
     assert all(s > 0 for s in speeds)
 
 
@@ -82,7 +83,7 @@ def test_main_prints_the_table_with_llama_bench_stood_in(paired, tmp_path, monke
 
     class FakeVariant:
         def __init__(self, name, env, args):
-            self.name = name
+            self.name, self.source = name, "/checkout"
 
         def run(self):
             return next(ggflow_speeds)
