@@ -7,8 +7,8 @@ So each product size (a weight's shape times a token count, on a thread count) k
 of its recent calls of the way in use, runs that way, and now and then tries the other (a probe). A probe
 that loses doubles the calls until the next one (FIRST_PROBE_AFTER up to LAST_PROBE_AFTER), since a losing
 parallel probe on a busy machine costs a whole scheduler slice; one slow call among fast ones (OUTLIER) is
-not taken for a change of load; and when the way in use has slowed below the other's last known time, the
-other is probed at once.
+not taken for a change of load; and when the way in use has become slower than the other's last known time,
+the other is probed at once.
 
 The way changes only through a probe that beats the way in use now: both its smoothed time and its last
 call, the one right before the probe. This host's memory rate moves by a third within seconds (other
