@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
         runners = {LLAMA: lambda: run_llama(args.llama_bench, args.model, args.threads, args.n_gen)} if args.llama else {}
         runners.update({v.name: v.run for v in variants})
         speeds = rounds(runners, args.rounds, report=lambda line: print(line, flush=True))
+    except RuntimeError as exc:     # a worker that did not start or died, a failing llama-bench: said, not traced
+        sys.exit(f"error: {exc}")
     finally:
         for v in variants:
             v.close()

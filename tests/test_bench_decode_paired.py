@@ -96,3 +96,28 @@ def test_main_prints_the_table_with_llama_bench_stood_in(paired, tmp_path, monke
     paired.main([str(model), "--llama-bench", str(binary), "--rounds", "4"])
     out = capsys.readouterr().out
     assert "| ggflow | 27.0 | 0.90 | 0.90-0.90 |" in out
+
+
+def test_a_failing_llama_bench_ends_the_run_with_its_error_and_the_workers_closed(paired, tmp_path, monkeypatch):
+    binary = tmp_path / "llama-bench"
+    binary.write_text("#!/bin/sh\necho 'error: unknown model architecture' >&2\nexit 1\n")
+    binary.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    closed = []
+
+    class FakeVariant:
+        def __init__(self, name, env, args):
+            self.name, self.source = name, "/checkout"
+
+        def run(self):
+            return 30.0
+
+        def close(self):
+            closed.append(self.name)
+
+    monkeypatch.setattr(paired, "Variant", FakeVariant)
+    with pytest.raises(SystemExit) as exit_info:
+        paired.main([str(model), "--llama-bench", str(binary), "--rounds", "2"])
+    assert "llama-bench exit 1" in str(exit_info.value.code) and "unknown model architecture" in str(exit_info.value.code)
+    assert closed == ["ggflow"]
