@@ -22,6 +22,30 @@ def paired(monkeypatch):
     return module
 
 
+def stand_ins(tmp_path, llama_script: str = "exit 1") -> tuple[str, str]:
+    """A llama-bench that runs llama_script and a model file for parse_args to accept: (binary, model)."""
+    binary = tmp_path / "llama-bench"
+    binary.write_text(f"#!/bin/sh\n{llama_script}\n")
+    binary.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    return str(binary), str(model)
+
+
+def fake_variants(speeds, closed: list[str]):
+    """A Variant stand-in whose runs return the next of ``speeds`` and that records its close."""
+    class FakeVariant:
+        def __init__(self, name, env, args):
+            self.name, self.source = name, "/checkout"
+
+        def run(self):
+            return next(speeds)
+
+        def close(self):
+            closed.append(self.name)
+    return FakeVariant
+
+
 def test_each_round_runs_everyone_once_in_an_order_that_rotates(paired):
     order = []
     runners = {name: (lambda name=name: order.append(name) or 1.0) for name in "abc"}
@@ -48,12 +72,11 @@ def test_variants_parse_into_names_and_environments(paired):
 
 
 def test_arguments_that_cannot_pair_are_refused(paired, tmp_path, capsys):
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
-    for argv in ([str(model), "--no-llama"],                                        # one variant, nothing to pair
-                 [str(model), "--no-llama", "--variant", "a=", "--variant", "a=X=1"],  # one name twice
+    _, model = stand_ins(tmp_path)
+    for argv in ([model, "--no-llama"],                                        # one variant, nothing to pair
+                 [model, "--no-llama", "--variant", "a=", "--variant", "a=X=1"],  # one name twice
                  [str(tmp_path / "missing.gguf"), "--no-llama", "--variant", "a=", "--variant", "b="],
-                 [str(model), "--llama-bench", str(tmp_path / "no-such-binary")]):
+                 [model, "--llama-bench", str(tmp_path / "no-such-binary")]):
         with pytest.raises(SystemExit):
             paired.parse_args(argv)
     assert "error:" in capsys.readouterr().err
@@ -73,51 +96,22 @@ def test_a_variant_worker_loads_once_and_decodes_on_each_request(paired, tiny_mo
 
 
 def test_main_prints_the_table_with_llama_bench_stood_in(paired, tmp_path, monkeypatch, capsys):
-    binary = tmp_path / "llama-bench"
-    binary.write_text("#!/bin/sh\nexit 1\n")
-    binary.chmod(0o755)
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
+    binary, model = stand_ins(tmp_path)
     llama_speeds = itertools.cycle([40.0, 20.0])
-    ggflow_speeds = itertools.cycle([36.0, 18.0])
-
-    class FakeVariant:
-        def __init__(self, name, env, args):
-            self.name, self.source = name, "/checkout"
-
-        def run(self):
-            return next(ggflow_speeds)
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(paired, "Variant", FakeVariant)
+    closed = []
+    monkeypatch.setattr(paired, "Variant", fake_variants(itertools.cycle([36.0, 18.0]), closed))
     monkeypatch.setattr(paired, "run_llama", lambda *a: next(llama_speeds))
-    paired.main([str(model), "--llama-bench", str(binary), "--rounds", "4"])
+    paired.main([model, "--llama-bench", binary, "--rounds", "4"])
     out = capsys.readouterr().out
     assert "| ggflow | 27.0 | 0.90 | 0.90-0.90 |" in out
+    assert closed == ["ggflow"]
 
 
 def test_a_failing_llama_bench_ends_the_run_with_its_error_and_the_workers_closed(paired, tmp_path, monkeypatch):
-    binary = tmp_path / "llama-bench"
-    binary.write_text("#!/bin/sh\necho 'error: unknown model architecture' >&2\nexit 1\n")
-    binary.chmod(0o755)
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
+    binary, model = stand_ins(tmp_path, "echo 'error: unknown model architecture' >&2\nexit 1")
     closed = []
-
-    class FakeVariant:
-        def __init__(self, name, env, args):
-            self.name, self.source = name, "/checkout"
-
-        def run(self):
-            return 30.0
-
-        def close(self):
-            closed.append(self.name)
-
-    monkeypatch.setattr(paired, "Variant", FakeVariant)
+    monkeypatch.setattr(paired, "Variant", fake_variants(itertools.repeat(30.0), closed))
     with pytest.raises(SystemExit) as exit_info:
-        paired.main([str(model), "--llama-bench", str(binary), "--rounds", "2"])
+        paired.main([model, "--llama-bench", binary, "--rounds", "2"])
     assert "llama-bench exit 1" in str(exit_info.value.code) and "unknown model architecture" in str(exit_info.value.code)
     assert closed == ["ggflow"]
