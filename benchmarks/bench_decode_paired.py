@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 # appended, not put first: a variant's PYTHONPATH (another checkout) must win over this one
 sys.path.append(str(Path(__file__).resolve().parents[1]))
@@ -100,7 +101,7 @@ def run_llama(binary: str, model: str, threads: int, n_gen: int) -> float:
     return float(json.loads(done.stdout)[0]["avg_ts"])
 
 
-def rounds(runners: dict[str, object], n_rounds: int, report=print) -> dict[str, list[float]]:
+def rounds(runners: dict[str, Callable[[], float]], n_rounds: int, report=print) -> dict[str, list[float]]:
     """Every runner once a round, the order rotated by one each round; tokens/s per runner, round by round."""
     names = list(runners)
     speeds: dict[str, list[float]] = {name: [] for name in names}

@@ -51,12 +51,17 @@ def run_child(cmd: list[str]) -> tuple[int, str, str, float]:
         return proc.returncode, out.read(), err.read(), usage.ru_maxrss / 1024
 
 
+def failure(what: str, rc: int, err: str) -> str:
+    """What a child that exited with rc reported: its last line of stderr."""
+    return f"{what} exit {rc}: {err.strip().splitlines()[-1:] or ''}"
+
+
 def bench_llamacpp(binary: str, model: str, args: argparse.Namespace, threads: int, into: Samples) -> None:
     cmd = [binary, "-m", model, "-p", str(args.n_prompt), "-n", str(args.n_gen), "-t", str(threads),
            "-r", str(args.repetitions), "-d", str(args.n_depth), "-o", "json"]
     rc, out, err, rss = run_child(cmd)
     if rc != 0:
-        into.errors.append(f"llama-bench exit {rc}: {err.strip().splitlines()[-1:] or ''}")
+        into.errors.append(failure("llama-bench", rc, err))
         return
     for test in json.loads(out):
         speeds = test["samples_ts"]
@@ -72,7 +77,7 @@ def ggflow_command(model: str, args: argparse.Namespace, threads: int, repetitio
 def bench_ggflow(model: str, args: argparse.Namespace, threads: int, into: Samples) -> None:
     rc, out, err, _ = run_child(ggflow_command(model, args, threads, args.repetitions))
     if rc != 0:
-        into.errors.append(f"ggflow bench exit {rc}: {err.strip().splitlines()[-1:] or ''}")
+        into.errors.append(failure("ggflow bench", rc, err))
         return
     report = json.loads(out)
     for result in report["results"]:
@@ -84,7 +89,7 @@ def warm_up_ggflow(model: str, args: argparse.Namespace, threads: int) -> str | 
     """One untimed ggflow bench of the cell (one repetition), so that the rounds load every kernel from numba's
     cache; returns what went wrong, if anything (the rounds then report it too)."""
     rc, _, err, _ = run_child(ggflow_command(model, args, threads, repetitions=1))
-    return None if rc == 0 else f"warm-up exit {rc}: {err.strip().splitlines()[-1:] or ''}"
+    return None if rc == 0 else failure("warm-up", rc, err)
 
 
 def median(values: list[float]) -> float | None:

@@ -63,13 +63,13 @@ class ThreadChoice:
             return   # a kernel's first call may include loading it from numba's cache
         old = self.seconds[parallel]
         if None in self.seconds:            # still measuring both ways: the faster is the way in use
-            self.seconds[parallel] = seconds if old is None else old + SMOOTHING * (min(seconds, OUTLIER * old) - old)
+            self.seconds[parallel] = seconds if old is None else _smoothed(old, seconds)
             if None not in self.seconds:
                 self.faster = self.seconds[1] <= self.seconds[0]
                 self.last = self.seconds[self.faster]
             return
         if parallel == self.faster:
-            self.seconds[parallel] = old + SMOOTHING * (min(seconds, OUTLIER * old) - old)
+            self.seconds[parallel] = _smoothed(old, seconds)
             self.last = seconds
             if self.seconds[parallel] > self.seconds[not parallel]:
                 self.until_probe = 0        # slower than the other way was: try it now
@@ -82,6 +82,11 @@ class ThreadChoice:
             self.seconds[parallel] = max(seconds, self.seconds[self.faster])
             self.probe_after = min(2 * self.probe_after, LAST_PROBE_AFTER)
         self.until_probe = self.probe_after
+
+
+def _smoothed(running: float, seconds: float) -> float:
+    """A way's running time after a call of it that took ``seconds`` (counted at most OUTLIER times the running)."""
+    return running + SMOOTHING * (min(seconds, OUTLIER * running) - running)
 
 
 _choices: dict[Hashable, ThreadChoice] = {}
