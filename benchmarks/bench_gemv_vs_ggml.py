@@ -45,6 +45,7 @@ SHIM = Path(__file__).with_name("ggml_gemv_shim.c")
 WARM_CALLS = 10
 GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12,
               "Q5_K": 13, "Q6_K": 14}     # ggml's enum ggml_type values
+BLOCK_SIZE = {name: 256 if name.endswith("_K") else 32 for name in GGML_TYPES}
 GGML = "ggml"
 GGFLOW = "ggflow"
 
@@ -110,9 +111,12 @@ def row_copies(q: np.ndarray, copies: int) -> list[np.ndarray]:
 
 def compare(shim: ctypes.CDLL, w_type: str, rows: int, k: int, threads: int, copies: int, n_blocks: int,
             calls: int, seed: int = 0) -> dict[str, object]:
+    import numba
+
     import ggflow
     from ggflow.backends_builtin.cpu import quant_matmul as qmm
 
+    numba.set_num_threads(threads)      # ggflow's parallel kernels on as many threads as ggml's pool
     rng = np.random.default_rng(seed)
     q = ggflow.quantize(rng.standard_normal((rows, k)).astype(np.float32), w_type)
     weights = row_copies(q, copies)
@@ -172,8 +176,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         ap.error(f"unknown type(s) {unknown}; known: {', '.join(GGML_TYPES)}")
     args.types = [t.upper() for t in args.types]
-    if args.rows < 1 or args.k < 1 or args.threads < 1 or args.copies < 1 or args.blocks < 2:
-        ap.error("--rows, --k, --threads and --copies must be at least 1, --blocks at least 2")
+    if args.rows < 1 or args.blocks < 2:
+        ap.error("--rows must be at least 1, --blocks at least 2")
+    if not 0 < args.threads <= (os.cpu_count() or 1):
+        ap.error(f"--threads must be 1..{os.cpu_count()} (this machine's CPUs)")
+    block = max(BLOCK_SIZE[t] for t in args.types)
+    if args.k < 1 or args.k % block:
+        ap.error(f"--k must be a positive multiple of {block} (the types' block size)")
     if not 0 < args.copies <= 256:
         ap.error("--copies must be 1..256 (the shim's limit)")
     if args.calls <= WARM_CALLS:

@@ -80,6 +80,8 @@ def test_row_copies_differ_and_keep_every_row(bench):
     (["--calls", "10"], "more than the 10 warm-up calls"),
     (["--copies", "300"], "1..256"),
     (["--blocks", "1"], "--blocks at least 2"),
+    (["--type", "Q4_K", "--k", "2080"], "multiple of 256"),
+    (["--threads", "999"], "this machine's CPUs"),
 ])
 def test_bad_arguments_are_refused_with_what_is_wrong(bench, tmp_path, capsys, argv, message):
     root = fake_ggml(tmp_path)
