@@ -48,6 +48,12 @@ with the tile index cast to the serial call's int64. So the tile body compiles o
 re-optimises it where numba links it in. A prange body calling the tile function itself compiled that body
 again under the parfor passes (and prange's unsigned index made a second signature): the parallel drivers
 took 2-3x the serial ones' compile (docs/performance.md, "Compile time of the parallel drivers").
+
+The tile functions take their range of tiles themselves and allocate their scratch arrays (accumulators, sums,
+decoded blocks) once a call, not once a tile: each allocation, and each array handed to a function numba does
+not inline, costs a reference count changed with a lock-prefixed instruction, which waits for the loads in
+flight. Per tile that cost a one-token product from memory 5% on one thread, 7-9% in cache (docs/performance.md,
+"Fifteenth session").
 """
 from __future__ import annotations
 
@@ -188,13 +194,13 @@ def _store_tile(acc, out, i, t):
         out[i, base + r] = acc[r]
 
 
-def _tile(kind, t, w, xq, dx, xe, out):
-    """Row tile t of out = W x for the type ``kind`` names (compiled per type, see _ov_tile)."""
+def _tile(kind, t0, t1, w, xq, dx, xe, out):
+    """Row tiles t0 .. t1-1 of out = W x for the type ``kind`` names (compiled per type, see _ov_tile)."""
     raise NotImplementedError("only called from compiled kernels")
 
 
 @overload(_tile, jit_options={"nogil": True})
-def _ov_tile(kind, t, w, xq, dx, xe, out):
+def _ov_tile(kind, t0, t1, w, xq, dx, xe, out):
     """The skeleton, written once; numba compiles it per type with that type's pieces inlined.
 
     The pieces are plain njit functions with inline="always", called directly here: numba inlines them
@@ -210,46 +216,47 @@ def _ov_tile(kind, t, w, xq, dx, xe, out):
     in_registers = gsize >= TOKEN_SUMS_MIN_GROUP   # a constant: LLVM drops the other branch
     ahead = p.prefetch_bytes                       # also a constant: 0 drops the prefetch
 
-    def impl(kind, t, w, xq, dx, xe, out):
+    def impl(kind, t0, t1, w, xq, dx, xe, out):
         wide_vectors()
         nb = w[0].shape[1]
         n = out.shape[0]
         part = np.empty((groups, R), I16)
-        acc = np.zeros((n, R), F32)
-        if n <= MATVEC_MAX_TOKENS:
-            for i in range(n):
-                for b in range(nb):
-                    if ahead and i == 0:
-                        prefetch_slice(w, t, b, ahead, 0, 1)
-                    block_sums(w, t, b, xq, i, b * qk, part)
-                    accumulate(acc[i], part, w, t, b, dx, xe, i)
-        elif not in_registers:
-            # a block decoded once, then multiplied into one token after the other
-            wd = np.empty((qk, R), I16)
-            for b in range(nb):
-                decode(w, t, b, wd)
+        acc = np.empty((n, R), F32)
+        wd = np.empty((qk, R), I16)
+        sums = np.empty((TOKENS_PER_PASS, groups, R), I16)
+        for t in range(t0, t1):
+            acc[:] = 0
+            if n <= MATVEC_MAX_TOKENS:
                 for i in range(n):
-                    _sum_decoded(wd, xq, i, b * qk, qk, gsize, part)
-                    accumulate(acc[i], part, w, t, b, dx, xe, i)
-        else:
-            # a block decoded once, then the group sums of TOKENS_PER_PASS tokens per pass (_pass);
-            # fewer tokens than that: one token per pass
-            wd = np.empty((qk, R), I16)
-            sums = np.empty((TOKENS_PER_PASS, groups, R), I16)
-            for b in range(nb):
-                decode(w, t, b, wd)
-                if n < TOKENS_PER_PASS:
+                    for b in range(nb):
+                        if ahead and i == 0:
+                            prefetch_slice(w, t, b, ahead, 0, 1)
+                        block_sums(w, t, b, xq, i, b * qk, part)
+                        accumulate(acc[i], part, w, t, b, dx, xe, i)
+            elif not in_registers:
+                # a block decoded once, then multiplied into one token after the other
+                for b in range(nb):
+                    decode(w, t, b, wd)
                     for i in range(n):
-                        token_sums(wd, xq, i, 1, b * qk, qk, gsize, sums, R)
-                        accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
-                    continue
-                for p in range(_passes(n)):
-                    i, first = _pass(p, n)
-                    token_sums(wd, xq, i, TOKENS_PER_PASS, b * qk, qk, gsize, sums, R)
-                    for u in range(first, TOKENS_PER_PASS):
-                        accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
+                        _sum_decoded(wd, xq, i, b * qk, qk, gsize, part)
+                        accumulate(acc[i], part, w, t, b, dx, xe, i)
+            else:
+                # a block decoded once, then the group sums of TOKENS_PER_PASS tokens per pass (_pass);
+                # fewer tokens than that: one token per pass
+                for b in range(nb):
+                    decode(w, t, b, wd)
+                    if n < TOKENS_PER_PASS:
+                        for i in range(n):
+                            token_sums(wd, xq, i, 1, b * qk, qk, gsize, sums, R)
+                            accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
+                        continue
+                    for p in range(_passes(n)):
+                        i, first = _pass(p, n)
+                        token_sums(wd, xq, i, TOKENS_PER_PASS, b * qk, qk, gsize, sums, R)
+                        for u in range(first, TOKENS_PER_PASS):
+                            accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+            for i in range(n):
+                _store_tile(acc[i], out, i, t)
     return impl
 
 
@@ -257,8 +264,7 @@ def _ov_tile(kind, t, w, xq, dx, xe, out):
 def _mul_mat_tiles(kind, w, xq, dx, xe, out, t0, t1):
     """Row tiles t0 .. t1-1: the body both drivers call (the module docstring, "Compile time")."""
     literally(kind)
-    for t in range(t0, t1):
-        _tile(kind, t, w, xq, dx, xe, out)
+    _tile(kind, t0, t1, w, xq, dx, xe, out)
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -274,13 +280,14 @@ def _mul_mat_serial(kind, w, xq, dx, xe, out):
     _mul_mat_tiles(kind, w, xq, dx, xe, out, np.int64(0), w[0].shape[0])
 
 
-def _tile_pairs(kind, t, w, xq, dx, xe, out):
-    """Row tile t of out = W x for PAIRS_MIN_TOKENS tokens or more (compiled per type, see _ov_tile_pairs)."""
+def _tile_pairs(kind, t0, t1, w, xq, dx, xe, out):
+    """Row tiles t0 .. t1-1 of out = W x for PAIRS_MIN_TOKENS tokens or more (compiled per type, see
+    _ov_tile_pairs)."""
     raise NotImplementedError("only called from compiled kernels")
 
 
 @overload(_tile_pairs, jit_options={"nogil": True})
-def _ov_tile_pairs(kind, t, w, xq, dx, xe, out):
+def _ov_tile_pairs(kind, t0, t1, w, xq, dx, xe, out):
     """The batched path in int16 pairs: a block decoded once, laid out as element pairs, then group sums
     of TOKENS_PER_PASS tokens per pass (``_qmm_pairs.pair_sums``), accumulated per token in order as in
     ``_tile``: the same bits."""
@@ -291,32 +298,33 @@ def _ov_tile_pairs(kind, t, w, xq, dx, xe, out):
     qk, groups = p.block_size, p.groups
     gsize = qk // groups
 
-    def impl(kind, t, w, xq, dx, xe, out):
+    def impl(kind, t0, t1, w, xq, dx, xe, out):
         wide_vectors()
         nb = w[0].shape[1]
         n = out.shape[0]
-        acc = np.zeros((n, R), F32)
+        acc = np.empty((n, R), F32)
         wd = np.empty((qk, R), I16)
         wp = np.empty((qk // 2, 2 * R), I16)
         sums = np.empty((TOKENS_PER_PASS, groups, R), I16)
-        for b in range(nb):
-            decode(w, t, b, wd)
-            _interleave_pairs(wd, wp, qk)
-            for p in range(_passes(n)):
-                i, first = _pass(p, n)
-                _sum_pairs(wp, xq, i, TOKENS_PER_PASS, b * qk, qk, gsize, sums)
-                for u in range(first, TOKENS_PER_PASS):
-                    accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
+        for t in range(t0, t1):
+            acc[:] = 0
+            for b in range(nb):
+                decode(w, t, b, wd)
+                _interleave_pairs(wd, wp, qk)
+                for p in range(_passes(n)):
+                    i, first = _pass(p, n)
+                    _sum_pairs(wp, xq, i, TOKENS_PER_PASS, b * qk, qk, gsize, sums)
+                    for u in range(first, TOKENS_PER_PASS):
+                        accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+            for i in range(n):
+                _store_tile(acc[i], out, i, t)
     return impl
 
 
 @njit(cache=True, nogil=True)
 def _mul_mat_pairs_tiles(kind, w, xq, dx, xe, out, t0, t1):
     literally(kind)
-    for t in range(t0, t1):
-        _tile_pairs(kind, t, w, xq, dx, xe, out)
+    _tile_pairs(kind, t0, t1, w, xq, dx, xe, out)
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -332,13 +340,13 @@ def _mul_mat_pairs_serial(kind, w, xq, dx, xe, out):
     _mul_mat_pairs_tiles(kind, w, xq, dx, xe, out, np.int64(0), w[0].shape[0])
 
 
-def _tile_quads(kind, t, w, x8, xs, dx, xe, out):
-    """Row tile t of out = W x for a type with decode_quads (compiled per type, see _ov_tile_quads)."""
+def _tile_quads(kind, t0, t1, w, x8, xs, dx, xe, out):
+    """Row tiles t0 .. t1-1 of out = W x for a type with decode_quads (compiled per type, see _ov_tile_quads)."""
     raise NotImplementedError("only called from compiled kernels")
 
 
 @overload(_tile_quads, jit_options={"nogil": True})
-def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
+def _ov_tile_quads(kind, t0, t1, w, x8, xs, dx, xe, out):
     """The batched path in byte quads: a block decoded once by the type's ``decode_quads`` (four elements
     of a row per int32 lane, unsigned bytes), the group sums of QUAD_TOKENS tokens per pass formed in int32
     (``_qmm_quads.quad_sums``: vpmaddubsw, vpdpbusd), accumulated per token in order as in ``_tile``: the
@@ -357,44 +365,46 @@ def _ov_tile_quads(kind, t, w, x8, xs, dx, xe, out):
     block_quads = p.block_quads or _no_block_quads
     direct_max = BLOCK_QUADS_MAX_TOKENS if p.block_quads is not None else 0
 
-    def impl(kind, t, w, x8, xs, dx, xe, out):
+    def impl(kind, t0, t1, w, x8, xs, dx, xe, out):
         wide_vectors()
         nb = w[0].shape[1]
         n = out.shape[0]
-        acc = np.zeros((n, R), F32)
+        acc = np.empty((n, R), F32)
         sums = np.zeros((QUAD_TOKENS, groups, R), I32)   # groups past qgroups stay 0: accumulate adds them
-        if n <= direct_max:
+        wq = np.empty((qk // 4, R), I32)
+        for t in range(t0, t1):
+            acc[:] = 0
+            if n <= direct_max:
+                for b in range(nb):
+                    if ahead:
+                        prefetch_slice(w, t, b, ahead, 0, 1)
+                    for i in range(0, n - n % QUAD_TOKENS, QUAD_TOKENS):
+                        block_quads(w, t, b, x8, xs, i, QUAD_TOKENS, b * qk, sums)
+                        for u in range(QUAD_TOKENS):
+                            block_accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+                    for i in range(n - n % QUAD_TOKENS, n):
+                        block_quads(w, t, b, x8, xs, i, 1, b * qk, sums)
+                        block_accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
+                for i in range(n):
+                    _store_tile(acc[i], out, i, t)
+                continue
             for b in range(nb):
                 if ahead:
                     prefetch_slice(w, t, b, ahead, 0, 1)
+                decode_quads(w, t, b, wq)
                 for i in range(0, n - n % QUAD_TOKENS, QUAD_TOKENS):
-                    block_quads(w, t, b, x8, xs, i, QUAD_TOKENS, b * qk, sums)
+                    for g in range(qgroups):
+                        quad_sums(wq, x8, i, QUAD_TOKENS, b * qk, g * quads_per_group, quads_per_group, sums, g, R,
+                                  xs, b * qgroups + g, bias)
                     for u in range(QUAD_TOKENS):
-                        block_accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+                        accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
                 for i in range(n - n % QUAD_TOKENS, n):
-                    block_quads(w, t, b, x8, xs, i, 1, b * qk, sums)
-                    block_accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
+                    for g in range(qgroups):
+                        quad_sums(wq, x8, i, 1, b * qk, g * quads_per_group, quads_per_group, sums, g, R,
+                                  xs, b * qgroups + g, bias)
+                    accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
             for i in range(n):
                 _store_tile(acc[i], out, i, t)
-            return
-        wq = np.empty((qk // 4, R), I32)
-        for b in range(nb):
-            if ahead:
-                prefetch_slice(w, t, b, ahead, 0, 1)
-            decode_quads(w, t, b, wq)
-            for i in range(0, n - n % QUAD_TOKENS, QUAD_TOKENS):
-                for g in range(qgroups):
-                    quad_sums(wq, x8, i, QUAD_TOKENS, b * qk, g * quads_per_group, quads_per_group, sums, g, R,
-                              xs, b * qgroups + g, bias)
-                for u in range(QUAD_TOKENS):
-                    accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
-            for i in range(n - n % QUAD_TOKENS, n):
-                for g in range(qgroups):
-                    quad_sums(wq, x8, i, 1, b * qk, g * quads_per_group, quads_per_group, sums, g, R,
-                              xs, b * qgroups + g, bias)
-                accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
-        for i in range(n):
-            _store_tile(acc[i], out, i, t)
     return impl
 
 
@@ -453,8 +463,7 @@ def _ov_activation_group_sums(kind, x8):
 @njit(cache=True, nogil=True)
 def _mul_mat_quads_tiles(kind, w, x8, xs, dx, xe, out, t0, t1):
     literally(kind)
-    for t in range(t0, t1):
-        _tile_quads(kind, t, w, x8, xs, dx, xe, out)
+    _tile_quads(kind, t0, t1, w, x8, xs, dx, xe, out)
 
 
 @njit(cache=True, parallel=True, nogil=True)
