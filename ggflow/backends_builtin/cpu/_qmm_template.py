@@ -43,17 +43,17 @@ Calls go to the compiled entry point (``entry_point``), not through the dispatch
 str argument to a literal specialisation re-runs numba's typing on every call (milliseconds).
 
 Compile time. Each path's tile loop is one njit function over a range of tiles (``_mul_mat_tiles`` and its
-pairs and quads siblings): the serial driver calls it once, the parallel driver's prange once per tile,
-with the tile index cast to the serial call's int64. So the tile body compiles once and each driver only
+pairs and quads siblings): the serial driver calls it once, the parallel driver's prange once per thread
+(``_thread_share``: a run of whole tiles each), with the bounds cast to the serial call's int64. So the tile body compiles once and each driver only
 re-optimises it where numba links it in. A prange body calling the tile function itself compiled that body
 again under the parfor passes (and prange's unsigned index made a second signature): the parallel drivers
 took 2-3x the serial ones' compile (docs/performance.md, "Compile time of the parallel drivers").
 
 The tile functions take their range of tiles themselves and allocate their scratch arrays (accumulators, sums,
-decoded blocks) once a call, not once a tile: each allocation, and each array handed to a function numba does
-not inline, costs a reference count changed with a lock-prefixed instruction, which waits for the loads in
-flight. Per tile that cost a one-token product from memory 5% on one thread, 7-9% in cache (docs/performance.md,
-"Fifteenth session").
+decoded blocks) once a call, and the parallel drivers call them once a thread, not once a tile: each
+allocation, and each array handed to a function numba does not inline, costs a reference count changed with a
+lock-prefixed instruction, which waits for the loads in flight. Per tile that cost a one-token product from
+memory 5% on one thread, 7-9% in cache (docs/performance.md, "Fifteenth session").
 """
 from __future__ import annotations
 
@@ -63,10 +63,13 @@ import os
 import warnings
 from typing import Callable
 
+import numba
 import numpy as np
+from llvmlite import ir
 from numba import literally, njit, prange, types
+from numba.core import cgutils
 from numba.core.errors import NumbaIRAssumptionWarning
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
 from ggflow.backends_builtin.cpu import (_qmm_float, _qmm_int16, _qmm_layout, _qmm_pairs, _qmm_prefetch, _qmm_quads,
                                          _qmm_token_sums)
@@ -260,6 +263,25 @@ def _ov_tile(kind, t0, t1, w, xq, dx, xe, out):
     return impl
 
 
+@intrinsic
+def _threads_now(typingctx):
+    """numba's thread count now (``numba.get_num_threads()``), called by the symbol numba's own parallel loops
+    call: ``numba.get_num_threads()`` compiled in holds a pointer, which numba's cache refuses to keep."""
+    numba.get_num_threads()             # starts numba's threading layer, which registers the symbol
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(cgutils.intp_t, []), "get_num_threads")
+        return builder.call(fn, [])
+    return types.intp(), codegen
+
+
+@njit(cache=True, inline="always")
+def _thread_share(c, chunks, n_tiles):
+    """(first tile, last + 1) of share c of chunks: whole tiles, as even as they come, in order."""
+    c = np.int64(c)
+    return c * n_tiles // chunks, (c + 1) * n_tiles // chunks
+
+
 @njit(cache=True, nogil=True)
 def _mul_mat_tiles(kind, w, xq, dx, xe, out, t0, t1):
     """Row tiles t0 .. t1-1: the body both drivers call (the module docstring, "Compile time")."""
@@ -270,8 +292,11 @@ def _mul_mat_tiles(kind, w, xq, dx, xe, out, t0, t1):
 @njit(cache=True, parallel=True, nogil=True)
 def _mul_mat_parallel(kind, w, xq, dx, xe, out):
     literally(kind)
-    for t in prange(w[0].shape[0]):
-        _mul_mat_tiles(kind, w, xq, dx, xe, out, np.int64(t), np.int64(t) + 1)
+    n_tiles = w[0].shape[0]
+    chunks = min(n_tiles, _threads_now())
+    for c in prange(chunks):
+        t0, t1 = _thread_share(c, chunks, n_tiles)
+        _mul_mat_tiles(kind, w, xq, dx, xe, out, t0, t1)
 
 
 @njit(cache=True, nogil=True)
@@ -330,8 +355,11 @@ def _mul_mat_pairs_tiles(kind, w, xq, dx, xe, out, t0, t1):
 @njit(cache=True, parallel=True, nogil=True)
 def _mul_mat_pairs_parallel(kind, w, xq, dx, xe, out):
     literally(kind)
-    for t in prange(w[0].shape[0]):
-        _mul_mat_pairs_tiles(kind, w, xq, dx, xe, out, np.int64(t), np.int64(t) + 1)
+    n_tiles = w[0].shape[0]
+    chunks = min(n_tiles, _threads_now())
+    for c in prange(chunks):
+        t0, t1 = _thread_share(c, chunks, n_tiles)
+        _mul_mat_pairs_tiles(kind, w, xq, dx, xe, out, t0, t1)
 
 
 @njit(cache=True, nogil=True)
@@ -471,8 +499,11 @@ def _mul_mat_quads_parallel(kind, w, xq, dx, xe, out):
     literally(kind)
     x8 = xq.astype(np.int8)     # quantized activations fit a byte: the quads read four at a time
     xs = _activation_group_sums(kind, x8)
-    for t in prange(w[0].shape[0]):
-        _mul_mat_quads_tiles(kind, w, x8, xs, dx, xe, out, np.int64(t), np.int64(t) + 1)
+    n_tiles = w[0].shape[0]
+    chunks = min(n_tiles, _threads_now())
+    for c in prange(chunks):
+        t0, t1 = _thread_share(c, chunks, n_tiles)
+        _mul_mat_quads_tiles(kind, w, x8, xs, dx, xe, out, t0, t1)
 
 
 @njit(cache=True, nogil=True)
