@@ -189,7 +189,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--calls must be more than the {WARM_CALLS} warm-up calls a block leaves out")
     if args.ggml_include is None or args.ggml_lib is None:
         if args.ggml_dir is None:
-            ap.error("no ggml: set GGML_DIR (a built llama.cpp tree) or pass --ggml-dir / --ggml-include and --ggml-lib")
+            ap.error("no ggml: set GGML_DIR (a built llama.cpp tree) or pass --ggml-dir, "
+                     "or --ggml-include and --ggml-lib")
         args.ggml_include = args.ggml_include or args.ggml_dir / "ggml" / "include"
         args.ggml_lib = args.ggml_lib or args.ggml_dir / "build" / "bin"
     if not (args.ggml_include / "ggml.h").is_file():

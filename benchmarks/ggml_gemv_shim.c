@@ -61,8 +61,10 @@ int shim_setup(int type, int rows, int k, int copies, const void *data, size_t r
     for (int c = 0; c < copies; c++) w[c] = ggml_new_tensor_2d(weights_ctx, (enum ggml_type) type, k, rows);
     weights_buf = ggml_backend_alloc_ctx_tensors_from_buft(weights_ctx, buft);
     if (!weights_buf) return -3;
-    for (int c = 0; c < copies; c++)        /* a repacking buffer re-lays the rows out here */
-        ggml_backend_tensor_set(w[c], (const char *) data + (size_t) c * rows * row_bytes, 0, (size_t) rows * row_bytes);
+    for (int c = 0; c < copies; c++) {      /* a repacking buffer re-lays the rows out here */
+        size_t bytes = (size_t) rows * row_bytes;
+        ggml_backend_tensor_set(w[c], (const char *) data + (size_t) c * bytes, 0, bytes);
+    }
 
     struct ggml_init_params gp = { (size_t) (2 * copies + 1) * ggml_tensor_overhead()
                                    + (size_t) copies * ggml_graph_overhead(), NULL, true };
@@ -89,7 +91,9 @@ void shim_set_x(const float *values, int k) { ggml_backend_tensor_set(x, values,
 
 int shim_run(int copy) { return ggml_backend_graph_compute(backend, graphs[copy]) == GGML_STATUS_SUCCESS ? 0 : -1; }
 
-void shim_get_out(int copy, float *out, int rows) { ggml_backend_tensor_get(outs[copy], out, 0, sizeof(float) * (size_t) rows); }
+void shim_get_out(int copy, float *out, int rows) {
+    ggml_backend_tensor_get(outs[copy], out, 0, sizeof(float) * (size_t) rows);
+}
 
 /* ggml's workers poll for new work a while after a graph; paused, they sleep while ggflow's turn runs */
 void shim_pause(void) { ggml_threadpool_pause(pool); }

@@ -44,10 +44,11 @@ str argument to a literal specialisation re-runs numba's typing on every call (m
 
 Compile time. Each path's tile loop is one njit function over a range of tiles (``_mul_mat_tiles`` and its
 pairs and quads siblings): the serial driver calls it once, the parallel driver's prange once per thread
-(``_thread_share``: a run of whole tiles each), with the bounds cast to the serial call's int64. So the tile body compiles once and each driver only
-re-optimises it where numba links it in. A prange body calling the tile function itself compiled that body
-again under the parfor passes (and prange's unsigned index made a second signature): the parallel drivers
-took 2-3x the serial ones' compile (docs/performance.md, "Compile time of the parallel drivers").
+(``_thread_share``: a run of whole tiles each), with the bounds cast to the serial call's int64. So the tile
+body compiles once and each driver only re-optimises it where numba links it in. A prange body calling the tile
+function itself compiled that body again under the parfor passes (and prange's unsigned index made a second
+signature): the parallel drivers took 2-3x the serial ones' compile (docs/performance.md, "Compile time of the
+parallel drivers").
 
 The tile functions take their range of tiles themselves and allocate their scratch arrays (accumulators, sums,
 decoded blocks) once a call, and the parallel drivers call them once a thread, not once a tile: each
