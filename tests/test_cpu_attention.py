@@ -2,7 +2,8 @@
 
 The fused kernel must give the unfused nodes' kqv bit for bit (K x Q, soft_max and V x P one by one, with
 their own page skips), for F16 and F32 caches, grouped query heads, tokens that see different pages, a
-token that sees nothing (NaN, as in ggml), and more tokens than one task takes.
+token that sees nothing (NaN, as in ggml), more tokens than one task takes, and fewer tokens than tasks (a
+decode step's heads split among the tasks).
 """
 from __future__ import annotations
 
@@ -90,6 +91,29 @@ def test_fused_attention_over_more_tokens_than_a_task_in_both_drivers(monkeypatc
         np.testing.assert_array_equal(out.numpy().view(np.uint32), unfused.view(np.uint32))
     for part in ("scores", "outputs"):
         assert thread_choice.choice_for(("attention", 4, 256, (1, 8, n, 64), part)).seen == [2, 2]
+
+
+@pytest.mark.parametrize("n_tokens, n_kv_head, parts", [(1, 4, 4), (1, 3, 3), (1, 1, 1), (2, 4, 2), (2, 3, 2),
+                                                      (3, 4, 1), (40, 4, 1)])
+def test_fewer_tokens_than_tasks_split_their_kv_heads(n_tokens, n_kv_head, parts):
+    assert attention.head_parts(n_tokens, n_kv_head) == parts
+
+
+@pytest.mark.parametrize("n_head, n_kv_head", [(8, 4), (9, 3), (8, 2)])
+@pytest.mark.parametrize("n_tokens", [1, 2])
+def test_a_decode_steps_heads_split_among_tasks_in_both_drivers(monkeypatch, n_head, n_kv_head, n_tokens):
+    monkeypatch.setattr(spare_cores, "ENABLED", False)
+    visible = [(0, 150 + 20 * t) for t in range(n_tokens)]          # three pages, then four
+    out, _ = attention_graph("F16", 256, visible, n_head=n_head, n_kv_head=n_kv_head)
+    unfused, _ = run_plan(out, fuse=False)
+    plan = CPUBackend().compile(Graph([out]).nodes)
+    assert len(plan.kernels) == 1
+    for _ in range(4):      # parallel twice, then serial twice
+        out.numpy()[...] = 0
+        plan()
+        np.testing.assert_array_equal(out.numpy().view(np.uint32), unfused.view(np.uint32))
+    for part in ("scores", "outputs"):
+        assert thread_choice.choice_for(("attention", n_kv_head, 256, (1, n_head, n_tokens, 64), part)).seen == [2, 2]
 
 
 def test_a_tokens_attention_does_not_depend_on_the_other_tokens():

@@ -202,3 +202,33 @@ def test_without_a_whole_free_page_a_sequence_takes_the_free_cells_after_its_own
     assert _place(cache, Batch.from_tokens(TOKENS[:4], seq_id=1)) == list(range(CELL_PAGE + 6, CELL_PAGE + 10))
     # and sequence 0 continues after its last cell, past sequence 1's
     assert _place(cache, Batch.from_tokens(TOKENS[:2], pos0=CELL_PAGE + 6, seq_id=0)) == [CELL_PAGE + 10, CELL_PAGE + 11]
+
+
+def test_a_cache_of_part_of_a_page_holds_its_size_in_a_whole_page_that_the_mask_hides_past_it(cache):
+    from ggflow.core.memory import CELL_PAGE
+    assert cache.size == 16 and [t.ne[1] for t in (cache.k[0], cache.v[0])] == [CELL_PAGE, CELL_PAGE]
+    batch = Batch.from_tokens(TOKENS + TOKENS[:4])
+    with cache.begin(batch.split(512)) as placed:
+        [(ub, slot)] = list(placed)
+        assert slot.n_kv == CELL_PAGE                   # the attended range ends on a page
+        mask = cache.mask(slot, ub)
+        placed.commit()
+    assert mask.shape == (16, CELL_PAGE) and np.isneginf(mask[:, 16:]).all()
+    assert (mask[:, :16] == np.where(np.tri(16, dtype=bool), 0, -np.inf)).all()     # causal over its cells
+    assert cache.n_free == 0 and cache.begin(Batch.from_tokens(TOKENS[:1], pos0=16).split(1)) is None
+
+
+def test_a_context_of_part_of_a_page_attends_with_the_fused_kernel(llama, monkeypatch):
+    from ggflow.backends_builtin.cpu import kernels_attention
+    bound = []
+    bind = kernels_attention.bind_attention
+    monkeypatch.setattr(kernels_attention, "bind_attention", lambda *a, **kw: bound.append(bind(*a, **kw)) or bound[-1])
+    logits = {}
+    for n_ctx in (100, 128):
+        bound.clear()
+        ctx = ctx_for(llama, n_ctx=n_ctx)
+        assert ctx.decode(Batch.from_tokens(TOKENS * 8)) == DECODE_OK
+        assert ctx.decode(Batch.from_tokens(TOKENS[:1], pos0=96)) == DECODE_OK
+        assert bound and all(kernel is not None for kernel in bound)
+        logits[n_ctx] = ctx.get_logits().copy()
+    np.testing.assert_array_equal(logits[100].view(np.uint32), logits[128].view(np.uint32))

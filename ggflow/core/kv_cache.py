@@ -62,9 +62,13 @@ class KVCache(Memory):
         self.layer_rope = tuple(layer_rope) if layer_rope is not None else \
             ((hp.rope_freq_base, hp.rope_freq_scale),) * hp.n_layer
         self._index = {il: i for i, il in enumerate(self.layers)}
-        self.k = [Tensor(type_k, (hp.n_embd_k_gqa, size), name=f"cache_k_l{il}", flags=TensorFlag.PARAM)
+        # The tensors hold whole pages: the attended range (n_kv) then always ends on a page, where a backend
+        # reads the cache page by page (the CPU backend's fused attention needs it). Cells size .. cells-1
+        # are never written and the mask hides them, as the padded range's free cells.
+        self.cells = -(-size // CELL_PAGE) * CELL_PAGE
+        self.k = [Tensor(type_k, (hp.n_embd_k_gqa, self.cells), name=f"cache_k_l{il}", flags=TensorFlag.PARAM)
                   for il in self.layers]
-        self.v = [Tensor(type_v, (hp.n_embd_v_gqa, size), name=f"cache_v_l{il}", flags=TensorFlag.PARAM)
+        self.v = [Tensor(type_v, (hp.n_embd_v_gqa, self.cells), name=f"cache_v_l{il}", flags=TensorFlag.PARAM)
                   for il in self.layers]
         offsets, total = [], 0
         for t in self.k + self.v:
@@ -122,7 +126,7 @@ class KVCache(Memory):
         pos[cells] = ubatch.pos
         seq[cells, ubatch.seq_id] = True
         used = np.flatnonzero(pos >= 0)
-        n_kv = min(self.size, -(-(int(used[-1]) + 1) // N_KV_PAD) * N_KV_PAD)
+        n_kv = min(self.cells, -(-(int(used[-1]) + 1) // N_KV_PAD) * N_KV_PAD)
         return Slot(cells, pos, seq, n_kv)
 
     def _evict(self, pos: np.ndarray, seq: np.ndarray, cells: np.ndarray) -> None:
@@ -170,7 +174,9 @@ class KVCache(Memory):
         visible = seq[:, ubatch.seq_id].T & (pos[None, :] <= ubatch.pos[:, None]) & (pos[None, :] >= 0)
         if window > 0:
             visible &= ubatch.pos[:, None] - pos[None, :] < window
-        return np.where(visible, np.float32(0), np.float32(-np.inf))
+        mask = np.full((ubatch.n_tokens, slot.n_kv), -np.inf, np.float32)    # the last page's cells past size too
+        mask[:, :visible.shape[1]][visible] = 0.0
+        return mask
 
     def layer_k(self, il: int) -> Tensor:
         """Layer il's key cache [n_embd_k_gqa, size]."""
@@ -290,7 +296,7 @@ class KVCache(Memory):
         self.shift[state.cells] = state.shift
 
     def _rows(self, tensor: Tensor) -> np.ndarray:
-        return self.backend.get_tensor(tensor).reshape(self.size, -1)
+        return self.backend.get_tensor(tensor).reshape(self.cells, -1)
 
 
 @dataclass

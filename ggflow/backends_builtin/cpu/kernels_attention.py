@@ -42,7 +42,13 @@ Kernel = Callable[[], None]
 F32 = np.float32
 TOKENS_PER_TASK = 16   # most tokens in a task: each page's tile is filled once for their rows
 MIN_TASKS = 4          # a batch splits into at least this many tasks where it has the tokens: a decode step
-                       # of several sequences (one token each, on pages of their own) runs on every thread
+                       # of several sequences (one token each, on pages of their own) runs on every thread;
+                       # with fewer tokens than that, each token's K/V heads split among tasks (head_parts)
+# Below this many multiply-adds (tokens x query heads x cells x head size) the layer runs serially; above,
+# parallel or serial, whichever is faster now (thread_choice). Lower than the products' PARALLEL_MIN_MACS:
+# a decode step finds its layer's cache cells out of cache (the weights streamed through since), so one
+# token over 128 cells of TinyLlama's 32 heads took 54 us on one thread against 22 in cache.
+PARALLEL_MIN_MACS = 1 << 17
 
 
 @njit(cache=True, fastmath=False, inline="always")
@@ -51,6 +57,13 @@ def _task_tokens(n_tokens, n_tasks, task):
     per_task = -(-n_tokens // n_tasks)
     t0 = min(n_tokens, task * per_task)
     return t0, min(n_tokens, t0 + per_task)
+
+
+@njit(cache=True, fastmath=False, inline="always")
+def _task_heads(n_kv_head, head_parts, task):
+    """A task's K/V heads: h0 .. h1-1, the heads in head_parts runs as even as they come."""
+    part = task % head_parts
+    return part * n_kv_head // head_parts, (part + 1) * n_kv_head // head_parts
 
 
 @njit(cache=True, fastmath=False, inline="always")
@@ -77,25 +90,28 @@ def _cells(w, t0, n_head, row, slot, page):
 
 
 @njit(cache=True, fastmath=False, inline="always")
-def _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, task):
-    """w[hq, t, compact cells] = K x q * scale + mask - the row's max, for the rows of the task's tokens
-    (soft_max up to its exp: kernels_softmax.scaled_masked_minus_max's operations). Page by page, and
-    within a page every K/V head: a page of the cache holds all heads of its cells, so it is read once."""
+def _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, head_parts, task):
+    """w[hq, t, compact cells] = K x q * scale + mask - the row's max, for the rows of the task's tokens and
+    heads (soft_max up to its exp: kernels_softmax.scaled_masked_minus_max's operations). Page by page, and
+    within a page every K/V head of the task: a page of the cache holds all heads of its cells, so it is read
+    once (tasks that split a page's heads read their own bytes of it)."""
     _, n_head, n_tokens, hd = q.shape
     group = n_head // n_kv_head
-    t0, t1 = _task_tokens(n_tokens, n_tasks, task)
+    t0, t1 = _task_tokens(n_tokens, n_tasks, task // head_parts)
+    h0, h1 = _task_heads(n_kv_head, head_parts, task)
     n_rows = n_head * (t1 - t0)                   # row = (t - t0) * n_head + hq
     slot, seen = _slots(live, t0, t1)
     q_rows = np.empty((n_rows, hd), F32)
     for row in range(n_rows):
-        for kk in range(hd):
-            x = as_f32(q[0, row % n_head, t0 + row // n_head, kk])
-            q_rows[row, kk] = round_f32_to_f16(x) if round_q else x
+        if h0 * group <= row % n_head < h1 * group:
+            for kk in range(hd):
+                x = as_f32(q[0, row % n_head, t0 + row // n_head, kk])
+                q_rows[row, kk] = round_f32_to_f16(x) if round_q else x
     tile = np.empty((hd, PAGE), F32)
     for page in range(live.shape[1]):
         if not seen[page]:
             continue
-        for head in range(n_kv_head):
+        for head in range(h0, h1):
             _fill_tile(k_mem, k_step, 0, head, page * PAGE, PAGE, 0, hd, tile)
             for i in range(t1 - t0):
                 if slot[i, page] < 0:
@@ -106,6 +122,8 @@ def _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_t
                     o[:] = F32(0)
                     _accumulate_row(o, q_rows[row], tile, hd)
     for row in range(n_rows):
+        if not h0 * group <= row % n_head < h1 * group:
+            continue
         t = t0 + row // n_head
         top = F32(-np.inf)
         for page in range(live.shape[1]):
@@ -120,17 +138,20 @@ def _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_t
 
 
 @njit(cache=True, fastmath=False, inline="always")
-def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_v, n_tasks, task):
+def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_v, n_tasks, head_parts, task):
     """out[hq * out_step[0] + t * out_step[1]:][:hd_v] = the soft_max of each row (w holds its exps) times
-    V over its seen cells, in order."""
+    V over its seen cells, in order, for the rows of the task's tokens and heads."""
     n_head, n_tokens = w.shape[0], w.shape[1]
     group = n_head // n_kv_head
-    t0, t1 = _task_tokens(n_tokens, n_tasks, task)
+    t0, t1 = _task_tokens(n_tokens, n_tasks, task // head_parts)
+    h0, h1 = _task_heads(n_kv_head, head_parts, task)
     n_rows = n_head * (t1 - t0)
     slot, seen = _slots(live, t0, t1)
     lanes = np.empty(LANES, np.float64)
     for row in range(n_rows):                     # the probabilities: kernels_softmax.normalize's operations
         hq, t = row % n_head, t0 + row // n_head
+        if not h0 * group <= hq < h1 * group:
+            continue
         row_cells = w[hq, t, :np.sum(live[t]) * PAGE]
         lanes[:] = 0.0
         add_to_lanes(row_cells, lanes)
@@ -143,7 +164,7 @@ def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_
     for page in range(live.shape[1]):
         if not seen[page]:
             continue
-        for head in range(n_kv_head):
+        for head in range(h0, h1):
             _fill_tile(v_mem, v_step, 0, head, 0, hd_v, page * PAGE, PAGE, tile)
             for i in range(t1 - t0):
                 if slot[i, page] < 0:
@@ -153,12 +174,14 @@ def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_
                     _accumulate_row(out[o:o + hd_v], _cells(w, t0, n_head, row, slot, page), tile, PAGE)
 
 
-# Each pass comes as a serial driver over tasks first .. end-1 (of n_tasks) and a parallel one whose prange
+# Each pass comes as a serial driver over tasks first .. end-1 (of n_tasks x head_parts: task // head_parts is
+# its block of tokens, task % head_parts its run of K/V heads) and a parallel one whose prange
 # calls the serial driver once per task (the index cast to the callers' int64): the pass's body compiles once.
 # A prange body that inlined the task compiled it a second time in numba's parfor passes, and the parallel
 # drivers cost 2-3x the serial ones' compile (docs/performance.md, "Compile time of the parallel drivers").
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
-def scores_serial(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks, first, end):
+def scores_serial(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks, head_parts, first,
+                  end):
     """The first pass: each row's scaled, masked scores minus their max, over the pages it sees, packed
     (n_head, n_tokens, width) into w_memory's first elements; returns how many (the exp's range). k_mem:
     the K view (1, H_kv, n_kv, hd) of the cache as 1-D memory (float32 or F16 bits), read at element steps
@@ -166,15 +189,17 @@ def scores_serial(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_mem
     uint8 (kernels_fixed_order_matmul.pages_live). width: the most pages a token sees, times PAGE."""
     w = _compact_rows(w_memory, q.shape, live)
     for task in range(first, end):
-        _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, task)
+        _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, head_parts, task)
     return w.size
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy", parallel=True)
-def scores_parallel(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks, first, end):
+def scores_parallel(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks, head_parts, first,
+                    end):
     for i in prange(end - first):
         task = first + np.int64(i)
-        scores_serial(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks, task, task + 1)
+        scores_serial(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_memory, n_tasks, head_parts, task,
+                      task + 1)
     return _compact_rows(w_memory, q.shape, live).size
 
 
@@ -188,27 +213,35 @@ def _compact_rows(w_memory, shape, live):
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
-def outputs_serial(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks, first, end):
+def outputs_serial(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks, head_parts,
+                   first, end):
     """The last pass, after numpy's exp over the packed rows: the probabilities and V x P. v_mem: the V view
     (1, H_kv, hd_v, n_kv) of the cache as 1-D memory, read at element steps v_step; shape = (1, H, n, hd_v);
     out: the result's float32 memory, head hq's row of token t from hq * out_step[0] + t * out_step[1] (the
     kqv node's layout, or the cont's after it)."""
     w = _compact_rows(w_memory, shape, live)
     for task in range(first, end):
-        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, shape[3], n_tasks, task)
+        _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, shape[3], n_tasks, head_parts, task)
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy", parallel=True)
-def outputs_parallel(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks, first, end):
+def outputs_parallel(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks, head_parts,
+                     first, end):
     for i in prange(end - first):
         task = first + np.int64(i)
-        outputs_serial(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks, task,
-                       task + 1)
+        outputs_serial(v_mem, v_step, n_kv_head, live, round_p, w_memory, shape, out, out_step, n_tasks, head_parts,
+                       task, task + 1)
 
 
 def n_tasks(n_tokens: int) -> int:
     """Blocks of up to TOKENS_PER_TASK tokens, at least MIN_TASKS of them where there are the tokens."""
     return -(-n_tokens // min(TOKENS_PER_TASK, max(1, n_tokens // MIN_TASKS)))
+
+
+def head_parts(n_tokens: int, n_kv_head: int) -> int:
+    """How many runs of K/V heads each token task splits into: enough for MIN_TASKS tasks in all where the
+    heads allow (a decode step of one sequence: its one token's heads, spread over the threads)."""
+    return max(1, min(n_kv_head, MIN_TASKS // n_tasks(n_tokens)))
 
 
 def _scores_memory(arrays: TensorArrays, kq: Tensor, others: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -255,10 +288,10 @@ def bind_attention(arrays: TensorArrays, kq: Tensor, softmax: Tensor, kqv: Tenso
     n_kv_head = keys.ne[2]
     scale = F32(softmax.op_params[0])
     round_q, round_p = keys.type.name == "F16", values.type.name == "F16"
-    tasks = n_tasks(q.ne[1])
+    tasks, parts = n_tasks(q.ne[1]), head_parts(q.ne[1], n_kv_head)
     w = _scores_memory(arrays, kq, (result, k_mem, v_mem, q_view, mask_rows))
     scores, outputs = scores_serial, outputs_serial
-    if q.ne[1] * q.ne[2] * keys.ne[1] * keys.ne[0] >= fixed_order.PARALLEL_MIN_MACS:
+    if q.ne[1] * q.ne[2] * keys.ne[1] * keys.ne[0] >= PARALLEL_MIN_MACS:
         key = ("attention", n_kv_head, keys.ne[1], q_view.shape)
         scores = thread_choice.adaptive((*key, "scores"), scores_parallel, scores_serial)
         outputs = thread_choice.adaptive((*key, "outputs"), outputs_parallel, outputs_serial)
@@ -267,7 +300,7 @@ def bind_attention(arrays: TensorArrays, kq: Tensor, softmax: Tensor, kqv: Tenso
         if refresh is not None:
             refresh()
         size = scores(k_mem, k_step, n_kv_head, np.ascontiguousarray(q_view), mask_rows, live, scale, round_q, w, tasks,
-                      0, tasks)
+                      parts, 0, tasks * parts)
         np.exp(w[:size], out=w[:size])
-        outputs(v_mem, v_step, n_kv_head, live, round_p, w, shape, out, out_step, tasks, 0, tasks)
+        outputs(v_mem, v_step, n_kv_head, live, round_p, w, shape, out, out_step, tasks, parts, 0, tasks * parts)
     return run
