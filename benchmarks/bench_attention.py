@@ -36,14 +36,15 @@ def stepper(model: Model, fused: bool, n_seq: int, n_cached: int, threads: int):
     _fusing["on"] = fused
     ctx = Context(model, n_ctx=max(4096, n_seq * (n_cached + 512)), backends="cpu", n_threads=threads)
     rng = np.random.default_rng(0)
+    vocab = min(40000, model.hparams.n_vocab)      # any token ids the model has
     for s in range(n_seq):
         last = np.arange(n_cached) == n_cached - 1
-        ctx.decode(Batch(rng.integers(100, 40000, n_cached), np.arange(n_cached), s, last))
+        ctx.decode(Batch(rng.integers(100, vocab, n_cached), np.arange(n_cached), s, last))
     pos = [n_cached]
 
     def step() -> float:
         _fusing["on"] = fused
-        batch = Batch(rng.integers(100, 40000, n_seq), np.full(n_seq, pos[0]), np.arange(n_seq), np.ones(n_seq, bool))
+        batch = Batch(rng.integers(100, vocab, n_seq), np.full(n_seq, pos[0]), np.arange(n_seq), np.ones(n_seq, bool))
         pos[0] += 1
         start = time.perf_counter()
         ctx.decode(batch)
