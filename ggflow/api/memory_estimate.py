@@ -1,7 +1,8 @@
 """What a context of n_ctx tokens costs in memory, worked out before anything is allocated.
 
 The KV cache is exact (every layer's K and V rows for each of its cells, in the cache types: n_ctx cells, or
-what the architecture's ``kv_cells`` says, e.g. a window-sized cache for sliding-window layers); the compute buffer is
+what the architecture's ``kv_cells`` says, e.g. a window-sized cache for sliding-window layers; each rounded up to
+whole CELL_PAGE pages, as the KV cache allocates them); the compute buffer is
 an upper estimate of one ubatch's largest live tensors at a full context (logits, the attention scores and
 their softmax, the layer activations). A context that needs more than the memory available is refused with
 both figures, instead of ending in an allocation failure deep inside numpy.
@@ -29,12 +30,13 @@ class ContextMemory:
 def estimate_context_memory(hparams, n_ctx: int, n_ubatch: int, type_k: str = "F16",
                             type_v: str = "F16", cells: list[int] | None = None) -> ContextMemory:
     """cells: the cells each layer keeps (``Architecture.kv_cells``); None: n_ctx for every layer."""
+    from ggflow.core.memory import CELL_PAGE
     from ggflow.core.types import type_traits
 
     hp = hparams
     k_row = type_traits(type_k).row_bytes(hp.n_embd_k_gqa)
     v_row = type_traits(type_v).row_bytes(hp.n_embd_v_gqa)
-    kv = (hp.n_layer * n_ctx if cells is None else sum(cells)) * (k_row + v_row)
+    kv = sum(-(-c // CELL_PAGE) * CELL_PAGE for c in cells or [n_ctx] * hp.n_layer) * (k_row + v_row)
     n_ub = max(1, min(n_ubatch, n_ctx))
     scores = 2 * hp.n_head * n_ub * n_ctx * _F32                 # KQ and softmax(KQ)
     activations = n_ub * (6 * hp.n_embd + 3 * hp.n_ff) * _F32    # residual, norms, QKV, FFN gate/up/down

@@ -1,4 +1,5 @@
-"""The unified KV cache: per layer, K and V rows for ``size`` cells shared by every sequence.
+"""The unified KV cache: per layer, K and V rows for ``size`` cells shared by every sequence (in tensors of
+whole CELL_PAGE pages: ``cells``).
 
 Each cell records the position it holds (-1: free) and the set of sequences that see it. ``begin``
 places a batch's ubatches in free cells, in order: each sequence's tokens go after the last cell it
