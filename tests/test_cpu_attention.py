@@ -93,18 +93,19 @@ def test_fused_attention_over_more_tokens_than_a_task_in_both_drivers(monkeypatc
         assert thread_choice.choice_for(("attention", 4, 256, (1, 8, n, 64), part)).seen == [2, 2]
 
 
-@pytest.mark.parametrize("n_tokens, n_kv_head, parts", [(1, 4, 4), (1, 3, 3), (1, 1, 1), (2, 4, 2), (2, 3, 2),
-                                                      (3, 4, 1), (40, 4, 1)])
-def test_fewer_tokens_than_tasks_split_their_kv_heads(n_tokens, n_kv_head, parts):
-    assert attention.head_parts(n_tokens, n_kv_head) == parts
+@pytest.mark.parametrize("n_tokens, n_head, parts", [(1, 32, 4), (1, 3, 3), (1, 1, 1), (2, 9, 2), (2, 1, 1),
+                                                   (3, 32, 1), (40, 32, 1)])
+def test_fewer_tokens_than_tasks_split_their_query_heads(n_tokens, n_head, parts):
+    assert attention.head_parts(n_tokens, n_head) == parts
 
 
-@pytest.mark.parametrize("n_head, n_kv_head", [(8, 4), (9, 3), (8, 2)])
+@pytest.mark.parametrize("n_head, n_kv_head", [(8, 4), (9, 3), (8, 2), (6, 1), (3, 3)])
 @pytest.mark.parametrize("n_tokens", [1, 2])
 def test_a_decode_steps_heads_split_among_tasks_in_both_drivers(monkeypatch, n_head, n_kv_head, n_tokens):
+    """Runs of query heads, some of them meeting in a K/V head (9/3: 0-1, 2-3, 4-5, 6-8; 6/1: all in one)."""
     monkeypatch.setattr(spare_cores, "ENABLED", False)
     visible = [(0, 150 + 20 * t) for t in range(n_tokens)]          # three pages, then four
-    out, _ = attention_graph("F16", 256, visible, n_head=n_head, n_kv_head=n_kv_head)
+    out, _ = attention_graph("F16", 768, visible, n_head=n_head, n_kv_head=n_kv_head)   # big enough for threads
     unfused, _ = run_plan(out, fuse=False)
     plan = CPUBackend().compile(Graph([out]).nodes)
     assert len(plan.kernels) == 1
@@ -113,7 +114,7 @@ def test_a_decode_steps_heads_split_among_tasks_in_both_drivers(monkeypatch, n_h
         plan()
         np.testing.assert_array_equal(out.numpy().view(np.uint32), unfused.view(np.uint32))
     for part in ("scores", "outputs"):
-        assert thread_choice.choice_for(("attention", n_kv_head, 256, (1, n_head, n_tokens, 64), part)).seen == [2, 2]
+        assert thread_choice.choice_for(("attention", n_kv_head, 768, (1, n_head, n_tokens, 64), part)).seen == [2, 2]
 
 
 def test_a_tokens_attention_does_not_depend_on_the_other_tokens():

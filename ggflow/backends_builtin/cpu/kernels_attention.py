@@ -43,7 +43,7 @@ F32 = np.float32
 TOKENS_PER_TASK = 16   # most tokens in a task: each page's tile is filled once for their rows
 MIN_TASKS = 4          # a batch splits into at least this many tasks where it has the tokens: a decode step
                        # of several sequences (one token each, on pages of their own) runs on every thread;
-                       # with fewer tokens than that, each token's K/V heads split among tasks (head_parts)
+                       # with fewer tokens than that, each token's query heads split among tasks (head_parts)
 # Below this many multiply-adds (tokens x query heads x cells x head size) the layer runs serially; above,
 # parallel or serial, whichever is faster now (thread_choice). Lower than the products' PARALLEL_MIN_MACS:
 # a decode step finds its layer's cache cells out of cache (the weights streamed through since), so one
@@ -60,10 +60,10 @@ def _task_tokens(n_tokens, n_tasks, task):
 
 
 @njit(cache=True, fastmath=False, inline="always")
-def _task_heads(n_kv_head, head_parts, task):
-    """A task's K/V heads: h0 .. h1-1, the heads in head_parts runs as even as they come."""
+def _task_heads(n_head, head_parts, task):
+    """A task's query heads: hq0 .. hq1-1, the heads in head_parts runs as even as they come."""
     part = task % head_parts
-    return part * n_kv_head // head_parts, (part + 1) * n_kv_head // head_parts
+    return part * n_head // head_parts, (part + 1) * n_head // head_parts
 
 
 @njit(cache=True, fastmath=False, inline="always")
@@ -93,17 +93,18 @@ def _cells(w, t0, n_head, row, slot, page):
 def _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, head_parts, task):
     """w[hq, t, compact cells] = K x q * scale + mask - the row's max, for the rows of the task's tokens and
     heads (soft_max up to its exp: kernels_softmax.scaled_masked_minus_max's operations). Page by page, and
-    within a page every K/V head of the task: a page of the cache holds all heads of its cells, so it is read
-    once (tasks that split a page's heads read their own bytes of it)."""
+    within a page every K/V head its query heads read: a page of the cache holds all heads of its cells, so it is
+    read once (tasks that split a token's heads read their own K/V heads' bytes of it, and both the head their
+    runs meet in)."""
     _, n_head, n_tokens, hd = q.shape
     group = n_head // n_kv_head
     t0, t1 = _task_tokens(n_tokens, n_tasks, task // head_parts)
-    h0, h1 = _task_heads(n_kv_head, head_parts, task)
+    hq0, hq1 = _task_heads(n_head, head_parts, task)
     n_rows = n_head * (t1 - t0)                   # row = (t - t0) * n_head + hq
     slot, seen = _slots(live, t0, t1)
     q_rows = np.empty((n_rows, hd), F32)
     for row in range(n_rows):
-        if h0 * group <= row % n_head < h1 * group:
+        if hq0 <= row % n_head < hq1:
             for kk in range(hd):
                 x = as_f32(q[0, row % n_head, t0 + row // n_head, kk])
                 q_rows[row, kk] = round_f32_to_f16(x) if round_q else x
@@ -111,18 +112,18 @@ def _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_t
     for page in range(live.shape[1]):
         if not seen[page]:
             continue
-        for head in range(h0, h1):
+        for head in range(hq0 // group, (hq1 - 1) // group + 1):
             _fill_tile(k_mem, k_step, 0, head, page * PAGE, PAGE, 0, hd, tile)
             for i in range(t1 - t0):
                 if slot[i, page] < 0:
                     continue
-                for hq in range(head * group, (head + 1) * group):
+                for hq in range(max(hq0, head * group), min(hq1, (head + 1) * group)):
                     row = i * n_head + hq
                     o = _cells(w, t0, n_head, row, slot, page)
                     o[:] = F32(0)
                     _accumulate_row(o, q_rows[row], tile, hd)
     for row in range(n_rows):
-        if not h0 * group <= row % n_head < h1 * group:
+        if not hq0 <= row % n_head < hq1:
             continue
         t = t0 + row // n_head
         top = F32(-np.inf)
@@ -144,13 +145,13 @@ def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_
     n_head, n_tokens = w.shape[0], w.shape[1]
     group = n_head // n_kv_head
     t0, t1 = _task_tokens(n_tokens, n_tasks, task // head_parts)
-    h0, h1 = _task_heads(n_kv_head, head_parts, task)
+    hq0, hq1 = _task_heads(n_head, head_parts, task)
     n_rows = n_head * (t1 - t0)
     slot, seen = _slots(live, t0, t1)
     lanes = np.empty(LANES, np.float64)
     for row in range(n_rows):                     # the probabilities: kernels_softmax.normalize's operations
         hq, t = row % n_head, t0 + row // n_head
-        if not h0 * group <= hq < h1 * group:
+        if not hq0 <= hq < hq1:
             continue
         row_cells = w[hq, t, :np.sum(live[t]) * PAGE]
         lanes[:] = 0.0
@@ -164,18 +165,18 @@ def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_
     for page in range(live.shape[1]):
         if not seen[page]:
             continue
-        for head in range(h0, h1):
+        for head in range(hq0 // group, (hq1 - 1) // group + 1):
             _fill_tile(v_mem, v_step, 0, head, 0, hd_v, page * PAGE, PAGE, tile)
             for i in range(t1 - t0):
                 if slot[i, page] < 0:
                     continue
-                for hq in range(head * group, (head + 1) * group):
+                for hq in range(max(hq0, head * group), min(hq1, (head + 1) * group)):
                     row, o = i * n_head + hq, hq * out_step[0] + (t0 + i) * out_step[1]
                     _accumulate_row(out[o:o + hd_v], _cells(w, t0, n_head, row, slot, page), tile, PAGE)
 
 
 # Each pass comes as a serial driver over tasks first .. end-1 (of n_tasks x head_parts: task // head_parts is
-# its block of tokens, task % head_parts its run of K/V heads) and a parallel one whose prange
+# its block of tokens, task % head_parts its run of query heads) and a parallel one whose prange
 # calls the serial driver once per task (the index cast to the callers' int64): the pass's body compiles once.
 # A prange body that inlined the task compiled it a second time in numba's parfor passes, and the parallel
 # drivers cost 2-3x the serial ones' compile (docs/performance.md, "Compile time of the parallel drivers").
@@ -238,10 +239,12 @@ def n_tasks(n_tokens: int) -> int:
     return -(-n_tokens // min(TOKENS_PER_TASK, max(1, n_tokens // MIN_TASKS)))
 
 
-def head_parts(n_tokens: int, n_kv_head: int) -> int:
-    """How many runs of K/V heads each token task splits into: enough for MIN_TASKS tasks in all where the
-    heads allow (a decode step of one sequence: its one token's heads, spread over the threads)."""
-    return max(1, min(n_kv_head, MIN_TASKS // n_tasks(n_tokens)))
+def head_parts(n_tokens: int, n_head: int) -> int:
+    """How many runs of query heads each token task splits into: enough for MIN_TASKS tasks in all where the
+    heads allow (a decode step of one sequence: its one token's heads, spread over the threads). Runs of query
+    heads rather than of K/V heads, so that SmolLM2's 9 (3 K/V heads) split 4 : 5 over two threads, not 6 : 3;
+    a K/V head two runs share has its page tiles filled by both."""
+    return max(1, min(n_head, MIN_TASKS // n_tasks(n_tokens)))
 
 
 def _scores_memory(arrays: TensorArrays, kq: Tensor, others: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -288,7 +291,7 @@ def bind_attention(arrays: TensorArrays, kq: Tensor, softmax: Tensor, kqv: Tenso
     n_kv_head = keys.ne[2]
     scale = F32(softmax.op_params[0])
     round_q, round_p = keys.type.name == "F16", values.type.name == "F16"
-    tasks, parts = n_tasks(q.ne[1]), head_parts(q.ne[1], n_kv_head)
+    tasks, parts = n_tasks(n_tokens), head_parts(n_tokens, n_head)
     w = _scores_memory(arrays, kq, (result, k_mem, v_mem, q_view, mask_rows))
     scores, outputs = scores_serial, outputs_serial
     if q.ne[1] * q.ne[2] * keys.ne[1] * keys.ne[0] >= PARALLEL_MIN_MACS:
