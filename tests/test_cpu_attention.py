@@ -94,13 +94,13 @@ def test_fused_attention_over_more_tokens_than_a_task_in_both_drivers(monkeypatc
 
 
 @pytest.mark.parametrize("n_tokens, n_head, parts", [(1, 32, 4), (1, 3, 3), (1, 1, 1), (2, 9, 2), (2, 1, 1),
-                                                   (3, 32, 1), (40, 32, 1)])
+                                                   (3, 32, 2), (4, 32, 1), (40, 32, 1)])
 def test_fewer_tokens_than_tasks_split_their_query_heads(n_tokens, n_head, parts):
     assert attention.head_parts(n_tokens, n_head) == parts
 
 
 @pytest.mark.parametrize("n_head, n_kv_head", [(8, 4), (9, 3), (8, 2), (6, 1), (3, 3)])
-@pytest.mark.parametrize("n_tokens", [1, 2])
+@pytest.mark.parametrize("n_tokens", [1, 2, 3])
 def test_a_decode_steps_heads_split_among_tasks_in_both_drivers(monkeypatch, n_head, n_kv_head, n_tokens):
     """Runs of query heads, some of them meeting in a K/V head (9/3: 0-1, 2-3, 4-5, 6-8; 6/1: all in one)."""
     monkeypatch.setattr(spare_cores, "ENABLED", False)

@@ -241,10 +241,11 @@ def n_tasks(n_tokens: int) -> int:
 
 def head_parts(n_tokens: int, n_head: int) -> int:
     """How many runs of query heads each token task splits into: enough for MIN_TASKS tasks in all where the
-    heads allow (a decode step of one sequence: its one token's heads, spread over the threads). Runs of query
-    heads rather than of K/V heads, so that SmolLM2's 9 (3 K/V heads) split 4 : 5 over two threads, not 6 : 3;
-    a K/V head two runs share has its page tiles filled by both."""
-    return max(1, min(n_head, MIN_TASKS // n_tasks(n_tokens)))
+    heads allow (a decode step of one sequence: its one token's heads, spread over the threads; of three
+    sequences: six tasks, which two threads share evenly where three would not). Runs of query heads rather
+    than of K/V heads, so that SmolLM2's 9 (3 K/V heads) split 4 : 5 over two threads, not 6 : 3; a K/V head
+    two runs share has its page tiles filled by both."""
+    return max(1, min(n_head, -(-MIN_TASKS // n_tasks(n_tokens))))
 
 
 def _scores_memory(arrays: TensorArrays, kq: Tensor, others: tuple[np.ndarray, ...]) -> np.ndarray:
