@@ -8,7 +8,8 @@ each row (token, query head) takes only the pages of cells its token sees (kerne
 ``live``), packed into a compact row, in three calls per layer:
   scores (numba): s[c] = sum over kk of q[kk] * K[c, kk], one fma after the other from kk = 0 (q rounded to
       F16 first when K is F16), each page of each K head transposed into a tile once for all the rows of a
-      task (a block of up to TOKENS_PER_TASK tokens, every head) that see it; then w = s * scale + mask, minus the
+      task (a block of up to TOKENS_PER_TASK tokens, every head; with fewer tokens than MIN_TASKS, a run of
+      each token's query heads: ``head_parts``) that see it; then w = s * scale + mask, minus the
       row's max. A task runs page by page, every head of a page in turn: the cache stores a cell's heads
       side by side, so a page is read from memory once (head by head, one task per head, it was read
       about three times: 2.3x the time of a layer of four sequences with 500 cells each, caches cold);
