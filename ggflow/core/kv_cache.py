@@ -180,11 +180,11 @@ class KVCache(Memory):
         return mask
 
     def layer_k(self, il: int) -> Tensor:
-        """Layer il's key cache [n_embd_k_gqa, size]."""
+        """Layer il's key cache [n_embd_k_gqa, cells]."""
         return self.k[self._layer(il)]
 
     def layer_v(self, il: int) -> Tensor:
-        """Layer il's value cache [n_embd_v_gqa, size]."""
+        """Layer il's value cache [n_embd_v_gqa, cells]."""
         return self.v[self._layer(il)]
 
     def _layer(self, il: int) -> int:

@@ -95,8 +95,8 @@ def _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_t
     """w[hq, t, compact cells] = K x q * scale + mask - the row's max, for the rows of the task's tokens and
     heads (soft_max up to its exp: kernels_softmax.scaled_masked_minus_max's operations). Page by page, and
     within a page every K/V head its query heads read: a page of the cache holds all heads of its cells, so it is
-    read once (tasks that split a token's heads read their own K/V heads' bytes of it, and both the head their
-    runs meet in)."""
+    read once (tasks that split a token's query heads read their own K/V heads' bytes of it, but for a K/V head
+    two of them share)."""
     _, n_head, n_tokens, hd = q.shape
     group = n_head // n_kv_head
     t0, t1 = _task_tokens(n_tokens, n_tasks, task // head_parts)
