@@ -6,7 +6,8 @@ every round; the ratio is ggflow / llama.cpp. Peak RSS: llama.cpp's is the child
 the kernel reports it at exit (wait4's rusage, the figure /usr/bin/time -v prints), ggflow's its own report.
     LLAMA_BENCH=path/to/llama-bench python benchmarks/bench_vs_llamacpp.py [MODEL.gguf ...]
         [--threads 1 2] [--rounds 3] [-r 3] [-p 64] [-n 32] [-d 0]
-With no model, the default one (ggflow.api.default_model_path()).
+With no model, the default one (ggflow.api.default_model_path()). ``PYTHONPATH=/other/checkout`` runs that
+checkout's ggflow instead of this one's, from any directory.
 Before the rounds, ggflow runs each cell once untimed (``--no-warm-up`` skips it): numba compiles a kernel the
 first time a process needs it and caches it on disk, and a round that compiled would count that time's memory
 (LLVM's, ~50 MiB on the default model) in its peak RSS, as the first run after any change to a kernel does.
@@ -23,11 +24,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+CHECKOUT = str(Path(__file__).resolve().parents[1])
+sys.path.insert(0, CHECKOUT)
 
 # Both engines get the caller's environment: importing ggflow here (for the default model's path) sets
-# OMP_WAIT_POLICY in os.environ, which llama-bench (libgomp too) would otherwise inherit.
+# OMP_WAIT_POLICY in os.environ, which llama-bench (libgomp too) would otherwise inherit. This checkout goes
+# after the caller's PYTHONPATH, and ggflow runs with -P (no working directory on sys.path): so
+# ``PYTHONPATH=/other/checkout`` measures that checkout from anywhere, and this one runs uninstalled.
 CALLER_ENV = dict(os.environ)
+CALLER_ENV["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), CHECKOUT) if p)
 
 
 @dataclass
@@ -70,7 +75,7 @@ def bench_llamacpp(binary: str, model: str, args: argparse.Namespace, threads: i
 
 
 def ggflow_command(model: str, args: argparse.Namespace, threads: int, repetitions: int) -> list[str]:
-    return [sys.executable, "-m", "ggflow.cli", "bench", "-m", model, "-p", str(args.n_prompt),
+    return [sys.executable, "-P", "-m", "ggflow.cli", "bench", "-m", model, "-p", str(args.n_prompt),
             "-n", str(args.n_gen), "-t", str(threads), "-r", str(repetitions), "-d", str(args.n_depth), "--json"]
 
 

@@ -3,6 +3,7 @@ cell before the rounds (a round that compiled kernels counted LLVM's memory in g
 are stood in for (run_child), so no llama-bench is needed."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -60,3 +61,24 @@ def test_no_warm_up_runs_only_the_rounds(bench):
     module, binary, model, calls = bench
     module.main([model, "--llama-bench", binary, "--threads", "1", "--rounds", "1", "-r", "2", "--no-warm-up"])
     assert len(calls) == 2 and all(c[c.index("-r") + 1] == "2" for c in calls)
+
+
+def test_ggflow_runs_from_the_callers_pythonpath_wherever_it_is_started(monkeypatch, tmp_path):
+    """PYTHONPATH=<another checkout> measures that checkout, also when run from this one's directory (where
+    ``python -m`` would put this checkout's ggflow first)."""
+    other = tmp_path / "other"
+    (other / "ggflow" / "cli").mkdir(parents=True)
+    (other / "ggflow" / "__init__.py").write_text("")
+    (other / "ggflow" / "cli" / "__init__.py").write_text("")
+    report = {"results": [{"test": "pp64", "runs": [123.0]}, {"test": "tg32", "runs": [45.0]}], "peak_rss_mb": 7.0}
+    (other / "ggflow" / "cli" / "__main__.py").write_text(f"print({json.dumps(report)!r})\n")
+    monkeypatch.setenv("PYTHONPATH", str(other))
+    monkeypatch.chdir(SCRIPT.parents[1])
+    spec = importlib.util.spec_from_file_location("bench_vs_llamacpp", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    args = argparse.Namespace(n_prompt=64, n_gen=32, n_depth=0, repetitions=1)
+    into = module.Samples()
+    module.bench_ggflow("m.gguf", args, 1, into)
+    assert (into.pp, into.tg, into.rss_mib, into.errors) == ([123.0], [45.0], [7.0], [])
