@@ -414,24 +414,22 @@ def _ov_tile_quads(kind, t0, t1, w, x8, xs, dx, xe, out):
                     for i in range(n - n % QUAD_TOKENS, n):
                         block_quads(w, t, b, x8, xs, i, 1, b * qk, sums)
                         block_accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
-                for i in range(n):
-                    _store_tile(acc[i], out, i, t)
-                continue
-            for b in range(nb):
-                if ahead:
-                    prefetch_slice(w, t, b, ahead, 0, 1)
-                decode_quads(w, t, b, wq)
-                for i in range(0, n - n % QUAD_TOKENS, QUAD_TOKENS):
-                    for g in range(qgroups):
-                        quad_sums(wq, x8, i, QUAD_TOKENS, b * qk, g * quads_per_group, quads_per_group, sums, g, R,
-                                  xs, b * qgroups + g, bias)
-                    for u in range(QUAD_TOKENS):
-                        accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
-                for i in range(n - n % QUAD_TOKENS, n):
-                    for g in range(qgroups):
-                        quad_sums(wq, x8, i, 1, b * qk, g * quads_per_group, quads_per_group, sums, g, R,
-                                  xs, b * qgroups + g, bias)
-                    accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
+            else:
+                for b in range(nb):
+                    if ahead:
+                        prefetch_slice(w, t, b, ahead, 0, 1)
+                    decode_quads(w, t, b, wq)
+                    for i in range(0, n - n % QUAD_TOKENS, QUAD_TOKENS):
+                        for g in range(qgroups):
+                            quad_sums(wq, x8, i, QUAD_TOKENS, b * qk, g * quads_per_group, quads_per_group, sums, g,
+                                      R, xs, b * qgroups + g, bias)
+                        for u in range(QUAD_TOKENS):
+                            accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+                    for i in range(n - n % QUAD_TOKENS, n):
+                        for g in range(qgroups):
+                            quad_sums(wq, x8, i, 1, b * qk, g * quads_per_group, quads_per_group, sums, g, R,
+                                      xs, b * qgroups + g, bias)
+                        accumulate(acc[i], sums[0], w, t, b, dx, xe, i)
             for i in range(n):
                 _store_tile(acc[i], out, i, t)
     return impl
