@@ -30,13 +30,13 @@ class ContextMemory:
 def estimate_context_memory(hparams, n_ctx: int, n_ubatch: int, type_k: str = "F16",
                             type_v: str = "F16", cells: list[int] | None = None) -> ContextMemory:
     """cells: the cells each layer keeps (``Architecture.kv_cells``); None: n_ctx for every layer."""
-    from ggflow.core.memory import CELL_PAGE
+    from ggflow.core.memory import page_cells
     from ggflow.core.types import type_traits
 
     hp = hparams
     k_row = type_traits(type_k).row_bytes(hp.n_embd_k_gqa)
     v_row = type_traits(type_v).row_bytes(hp.n_embd_v_gqa)
-    kv = sum(-(-c // CELL_PAGE) * CELL_PAGE for c in cells or [n_ctx] * hp.n_layer) * (k_row + v_row)
+    kv = sum(page_cells(c) for c in cells or [n_ctx] * hp.n_layer) * (k_row + v_row)
     n_ub = max(1, min(n_ubatch, n_ctx))
     scores = 2 * hp.n_head * n_ub * n_ctx * _F32                 # KQ and softmax(KQ)
     activations = n_ub * (6 * hp.n_embd + 3 * hp.n_ff) * _F32    # residual, norms, QKV, FFN gate/up/down

@@ -24,7 +24,8 @@ import numpy as np
 from ggflow.core import ops
 from ggflow.core.backend import Backend
 from ggflow.core.batch import UBatch
-from ggflow.core.memory import CELL_PAGE, MAX_SEQ, N_KV_PAD, KVInputs, Memory, MemoryBatch, SlidingWindow, Slot
+from ggflow.core.memory import (CELL_PAGE, MAX_SEQ, N_KV_PAD, KVInputs, Memory, MemoryBatch, SlidingWindow, Slot,
+                                page_cells)
 from ggflow.core.model import HParams
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.errors import GGFlowError
@@ -66,7 +67,7 @@ class KVCache(Memory):
         # The tensors hold whole pages: the attended range (n_kv) then always ends on a page, where a backend
         # reads the cache page by page (the CPU backend's fused attention needs it). Cells size .. cells-1
         # are never written and the mask hides them, as the padded range's free cells.
-        self.cells = -(-size // CELL_PAGE) * CELL_PAGE
+        self.cells = page_cells(size)
         self.k = [Tensor(type_k, (hp.n_embd_k_gqa, self.cells), name=f"cache_k_l{il}", flags=TensorFlag.PARAM)
                   for il in self.layers]
         self.v = [Tensor(type_v, (hp.n_embd_v_gqa, self.cells), name=f"cache_v_l{il}", flags=TensorFlag.PARAM)

@@ -33,6 +33,12 @@ CELL_PAGE = 64
 MAX_SEQ = 64       # distinct sequence ids the unified cache tracks
 
 
+def page_cells(size: int) -> int:
+    """The cells a KV cache of ``size`` cells holds per layer: whole CELL_PAGE pages, so that the attended
+    range ends on a page (kv_cache.py; the memory estimate counts the same)."""
+    return -(-size // CELL_PAGE) * CELL_PAGE
+
+
 @dataclass
 class Slot:
     """Where a ubatch's tokens go, and the cell state after they are written."""
