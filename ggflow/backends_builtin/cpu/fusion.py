@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ggflow.backends_builtin.cpu import kernels_attention, kernels_elementwise, kernels_norm
+from ggflow.backends_builtin.cpu import entry_points, kernels_attention, kernels_elementwise, kernels_norm
 from ggflow.backends_builtin.cpu.arrays import TensorArrays
 from ggflow.backends_builtin.cpu.threads import PARALLEL_MIN_ELEMENTS
 from ggflow.core.ops import Op
@@ -65,8 +65,7 @@ def _add_rms_norm_mul(steps: Sequence[Tensor], i: int, arrays: TensorArrays) -> 
         return None
     a_rows, b_rows, s_rows, y_rows, z_rows = rows
     eps = np.float32(norm.op_params[0])
-    kernel = kernels_norm.add_rms_norm_mul_rows
-    return (lambda: kernel(a_rows, b_rows, s_rows, y_rows, w, z_rows, eps)), 3
+    return entry_points.bind(kernels_norm.add_rms_norm_mul_rows, a_rows, b_rows, s_rows, y_rows, w, z_rows, eps), 3
 
 
 def _rms_norm_mul(steps: Sequence[Tensor], i: int, arrays: TensorArrays) -> tuple[Kernel, int] | None:
@@ -81,8 +80,7 @@ def _rms_norm_mul(steps: Sequence[Tensor], i: int, arrays: TensorArrays) -> tupl
         return None
     x_rows, y_rows, z_rows = rows
     eps = np.float32(norm.op_params[0])
-    kernel = kernels_norm.rms_norm_mul_rows
-    return (lambda: kernel(x_rows, y_rows, w, z_rows, eps)), 2
+    return entry_points.bind(kernels_norm.rms_norm_mul_rows, x_rows, y_rows, w, z_rows, eps), 2
 
 
 def _silu_mul(steps: Sequence[Tensor], i: int, arrays: TensorArrays) -> tuple[Kernel, int] | None:
@@ -99,12 +97,12 @@ def _silu_mul(steps: Sequence[Tensor], i: int, arrays: TensorArrays) -> tuple[Ke
     t = arrays.shared.get(("silu exp", x.shape))   # exp(-x): one scratch per shape for the whole plan
     if t is None:
         t = arrays.shared[("silu exp", x.shape)] = np.empty_like(x)
-    kernel = kernels_elementwise.silu_from_exp_mul
+    kernel = entry_points.bind(kernels_elementwise.silu_from_exp_mul, x, t, s, u, z)
 
     def run() -> None:
         np.negative(x, out=t)
         np.exp(t, out=t)
-        kernel(x, t, s, u, z)
+        kernel()
     return run, 2
 
 

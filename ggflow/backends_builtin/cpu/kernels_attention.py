@@ -30,7 +30,8 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order, thread_choice
+from ggflow.backends_builtin.cpu import entry_points, thread_choice
+from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order
 from ggflow.backends_builtin.cpu.arrays import TensorArrays
 from ggflow.backends_builtin.cpu.kernels_fixed_order_matmul import (
     PAGE, _accumulate_row, _fill_tile, as_f32, round_f32_to_f16)
@@ -295,17 +296,24 @@ def bind_attention(arrays: TensorArrays, kq: Tensor, softmax: Tensor, kqv: Tenso
     round_q, round_p = keys.type.name == "F16", values.type.name == "F16"
     tasks, parts = n_tasks(n_tokens), head_parts(n_tokens, n_head)
     w = _scores_memory(arrays, kq, (result, k_mem, v_mem, q_view, mask_rows))
-    scores, outputs = scores_serial, outputs_serial
+    q_rows = q_view if q_view.flags.c_contiguous else np.empty(q_view.shape, q_view.dtype)   # one compiled layout
+    score_args = (k_mem, k_step, n_kv_head, q_rows, mask_rows, live, scale, round_q, w, tasks, parts, 0, tasks * parts)
+    output_args = (v_mem, v_step, n_kv_head, live, round_p, w, shape, out, out_step, tasks, parts, 0, tasks * parts)
+    scores = entry_points.bind(scores_serial, *score_args)
+    outputs = entry_points.bind(outputs_serial, *output_args)
     if q.ne[1] * q.ne[2] * keys.ne[1] * keys.ne[0] >= PARALLEL_MIN_MACS:
         key = ("attention", n_kv_head, keys.ne[1], q_view.shape)
-        scores = thread_choice.adaptive((*key, "scores"), scores_parallel, scores_serial)
-        outputs = thread_choice.adaptive((*key, "outputs"), outputs_parallel, outputs_serial)
+        scores = thread_choice.adaptive((*key, "scores"), entry_points.bind_lazily(scores_parallel, *score_args),
+                                        scores)
+        outputs = thread_choice.adaptive((*key, "outputs"), entry_points.bind_lazily(outputs_parallel, *output_args),
+                                         outputs)
 
     def run() -> None:
         if refresh is not None:
             refresh()
-        size = scores(k_mem, k_step, n_kv_head, np.ascontiguousarray(q_view), mask_rows, live, scale, round_q, w, tasks,
-                      parts, 0, tasks * parts)
+        if q_rows is not q_view:
+            np.copyto(q_rows, q_view)
+        size = scores()
         np.exp(w[:size], out=w[:size])
-        outputs(v_mem, v_step, n_kv_head, live, round_p, w, shape, out, out_step, tasks, parts, 0, tasks * parts)
+        outputs()
     return run

@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
+from ggflow.backends_builtin.cpu import entry_points
 from ggflow.backends_builtin.cpu.arrays import F32, F32Target, TensorArrays, to_f32
 from ggflow.backends_builtin.cpu.c_arith import fma_f32
 from ggflow.backends_builtin.cpu.threads import driver_for
@@ -52,14 +53,23 @@ def yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
 def rope_cache(positions, freq_factors, has_freq_factors, n_dims, n_ctx_orig, freq_base, freq_scale,
                ext_factor, attn_factor, beta_fast, beta_slow):
     """ggml_rope_cache_init for every token: cos and sin (times the magnitude scale), (n_tokens, n_dims/2)."""
+    cos = np.empty((positions.shape[0], n_dims // 2), dtype=np.float32)
+    sin = np.empty((positions.shape[0], n_dims // 2), dtype=np.float32)
+    rope_cache_into(positions, freq_factors, has_freq_factors, n_dims, n_ctx_orig, freq_base, freq_scale,
+                    ext_factor, attn_factor, beta_fast, beta_slow, cos, sin)
+    return cos, sin
+
+
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+def rope_cache_into(positions, freq_factors, has_freq_factors, n_dims, n_ctx_orig, freq_base, freq_scale,
+                    ext_factor, attn_factor, beta_fast, beta_slow, cos, sin):
+    """rope_cache into the arrays cos and sin, (n_tokens, n_dims/2): a plan's tables, filled at every run."""
     one = np.float32(1.0)
     half = n_dims // 2
     theta_scale = freq_base ** (np.float32(-2.0) / np.float32(n_dims))
     corr_low, corr_high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     ramp_width = max(np.float32(0.001), corr_high - corr_low)
     yarn_mscale = attn_factor * fma_f32(np.float32(0.1), np.log(one / freq_scale), one)
-    cos = np.empty((positions.shape[0], half), dtype=np.float32)
-    sin = np.empty((positions.shape[0], half), dtype=np.float32)
     for t in range(positions.shape[0]):
         theta = np.float32(positions[t])
         for k in range(half):
@@ -73,7 +83,6 @@ def rope_cache(positions, freq_factors, has_freq_factors, n_dims, n_ctx_orig, fr
             cos[t, k] = np.cos(angle) * mscale
             sin[t, k] = np.sin(angle) * mscale
             theta = theta * theta_scale
-    return cos, sin
 
 
 @njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
@@ -122,31 +131,39 @@ def bind_rope(node: Tensor, arrays: TensorArrays) -> Kernel:
     y = target.array
     neox = mode == ROPE_NEOX
     rotate = driver_for(node.nelements, rotate_parallel, rotate_serial)
-
-    tables, computes = _tables_for(node, arrays)
+    (cos, sin), computes = _tables_for(node, arrays, n_dims)
+    fill_args = (pos_view, factors_view, has_factors, n_dims, n_ctx_orig, *floats, cos, sin)
+    if read_factors_as_is:
+        fill = entry_points.bind(rope_cache_into, *fill_args) if computes else None
+    else:
+        fill = lambda: rope_cache_into(pos_view, to_f32(factors_view, ff.type), *fill_args[2:])   # noqa: E731
+    if a.type.name == "F32":
+        turn = entry_points.bind(rotate, a_view, cos, sin, y, neox)
+    else:
+        turn = lambda: rotate(to_f32(a_view, a.type), cos, sin, y, neox)   # noqa: E731
 
     def run() -> None:
         if computes:
-            factors = factors_view if read_factors_as_is else to_f32(factors_view, ff.type)
-            tables[:] = rope_cache(pos_view, factors, has_factors, n_dims, n_ctx_orig, *floats)
-        rotate(to_f32(a_view, a.type), tables[0], tables[1], y, neox)
+            fill()
+        turn()
         target.flush()
     return run
 
 
-def _tables_for(node: Tensor, arrays: TensorArrays) -> tuple[list, bool]:
-    """The [cos, sin] list this node reads, and whether its kernel fills it (at every run).
+def _tables_for(node: Tensor, arrays: TensorArrays, n_dims: int) -> tuple[tuple[np.ndarray, np.ndarray], bool]:
+    """The (cos, sin) tables this node reads, and whether its kernel fills them (at every run).
 
     Every rope of a plan over the same positions with the same parameters (Q and K of each of a model's
     layers) turns by the same angles: the first of them computes the tables, the rest read them. That
     holds while nothing in the plan writes the positions or the frequency factors between them: they
     must be leaves (graph inputs, weights), which no node of a graph computes."""
+    shape = (node.src[0].ne[2], n_dims // 2)
     sources = node.src[1:]
     if not all(s.is_leaf and s.view_src is None for s in sources):
-        return [None, None], True
+        return (np.empty(shape, F32), np.empty(shape, F32)), True
     key = ("rope", *sources, node.src[0].ne[2], tuple(node.op_params))
     tables = arrays.shared.get(key)
     if tables is None:
-        tables = arrays.shared[key] = [None, None]
+        tables = arrays.shared[key] = (np.empty(shape, F32), np.empty(shape, F32))
         return tables, True
     return tables, False

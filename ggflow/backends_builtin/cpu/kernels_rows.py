@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 from numba import njit
 
+from ggflow.backends_builtin.cpu import entry_points
 from ggflow.backends_builtin.cpu.arrays import TensorArrays, from_f32, is_native_float, store, to_f32
 from ggflow.backends_builtin.cpu.c_arith import f32_bits_to_f16_bits
 from ggflow.backends_builtin.cpu.file_rows import pread_rows
@@ -86,9 +87,11 @@ def _bind_get_file_rows(node: Tensor, a: Tensor, a_view: np.ndarray, ids_view: n
     raw = np.empty((ids_view.size, row_bytes), np.uint8)
     rows = raw.view(a_view.dtype).reshape(*ids_view.shape, a_view.shape[-1])
 
+    read = entry_points.bind(pread_rows, fileno, a.offset, row_bytes, ids_view, raw)
+
     def run() -> None:
         check_row_ids(ids_view, n_rows, node)
-        failed = pread_rows(fileno, a.offset, row_bytes, ids_view, raw)
+        failed = read()
         if failed >= 0:
             raise BackendError(f"{node.op} {node.name!r}: could not read row {int(ids_view.reshape(-1)[failed])} "
                                f"of {a.name!r} from its file (was the file truncated or removed?)")
@@ -107,9 +110,10 @@ def bind_set_rows(node: Tensor, arrays: TensorArrays) -> Kernel:
         # a KV-cache write: one numba call (check and copy), not numpy's min, max and fancy assignment
         src_bits, dst_bits = src_rows.view(np.uint32), dst_rows.view(np.uint16 if dst.type.name == "F16" else np.uint32)
         n_rows = dst.ne[1]
+        copy = entry_points.bind(copy_rows_from_f32, dst_bits, src_bits, ids, n_rows)
 
         def run_f32() -> None:
-            if not copy_rows_from_f32(dst_bits, src_bits, ids, n_rows):
+            if not copy():
                 check_row_ids(ids, n_rows, node)
         return run_f32
     direct = is_native_float(src.type) and is_native_float(dst.type)

@@ -46,7 +46,7 @@ from ggflow.backends_builtin.cpu import _qmm_float as flt
 from ggflow.backends_builtin.cpu import _qmm_kquants as kq
 from ggflow.backends_builtin.cpu import _qmm_legacy as leg
 from ggflow.backends_builtin.cpu import _qmm_template as tmpl
-from ggflow.backends_builtin.cpu import thread_choice
+from ggflow.backends_builtin.cpu import entry_points, thread_choice
 from ggflow.backends_builtin.cpu._qmm_layout import TILE
 from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
 from ggflow.core.types import TypeTraits, type_traits
@@ -365,7 +365,7 @@ def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: in
     product = partial(pw.kernel(False, n), *args)
     if parallel_ok:   # parallel or serial, whichever is faster now (the parallel driver compiles on first try)
         product = thread_choice.adaptive(size_key, lambda: pw.kernel(True, n)(*args), product)
-    quantize = partial(_ACTIVATION_QUANTIZERS[pw.vec_dot_type], x, *shared.buffers)
+    quantize = entry_points.bind(_ACTIVATION_QUANTIZERS[pw.vec_dot_type], x, *shared.buffers)
     token, first = shared.token_for(x_source, x)
 
     def run_quantized() -> None:
