@@ -15,6 +15,7 @@ from ggflow.backends_builtin.cpu import kernels_attention as attention
 from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order, spare_cores, thread_choice
 from ggflow.backends_builtin.cpu.kernels_softmax import soft_max_kernel, soft_max_rows
 from ggflow.core import ops
+from ggflow.core.backend import BackendOptions
 from ggflow.core.graph import Graph
 from ggflow.core.tensor import Tensor, TensorFlag
 from tests.test_cpu_ops import allocate, leaf, randn
@@ -115,6 +116,24 @@ def test_a_decode_steps_heads_split_among_tasks_in_both_drivers(monkeypatch, n_h
         np.testing.assert_array_equal(out.numpy().view(np.uint32), unfused.view(np.uint32))
     for part in ("scores", "outputs"):
         assert thread_choice.choice_for(("attention", n_kv_head, 768, (1, n_head, n_tokens, 64), part)).seen == [2, 2]
+
+
+@pytest.mark.parametrize("n_tokens", [1, 3])
+def test_a_one_thread_plans_attention_keeps_each_tokens_heads_in_one_task(n_tokens):
+    """Bound for one thread, a decode step's heads are not split (a task's fixed cost buys nothing there)
+    and the parallel drivers are not taken: the same bits, and no thread choice kept for the layer's size."""
+    assert attention.head_parts(n_tokens, 32, n_threads=1) == 1
+    assert attention.head_parts(n_tokens, 32, n_threads=2) == attention.head_parts(n_tokens, 32) > 1
+    visible = [(0, 700 - 10 * t) for t in range(n_tokens)]
+    out, _ = attention_graph("F16", 704, visible, n_head=9, n_kv_head=3)      # big enough for threads
+    unfused, _ = run_plan(out, fuse=False)
+    backend = CPUBackend(BackendOptions(n_threads=1))
+    plan = backend.compile(Graph([out]).nodes)
+    assert len(plan.kernels) == 1
+    out.numpy()[...] = 0
+    plan()
+    np.testing.assert_array_equal(out.numpy().view(np.uint32), unfused.view(np.uint32))
+    assert ("attention", 3, 704, (1, 9, n_tokens, 64), "scores") not in thread_choice._choices
 
 
 def test_a_tokens_attention_does_not_depend_on_the_other_tokens():

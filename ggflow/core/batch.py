@@ -23,10 +23,16 @@ def as_int32(values: object, what: str, lo: int = INT32_MIN) -> np.ndarray:
     if arr.dtype.kind not in "iu" and arr.size:
         arr = _exact_integers(values, what, lo)   # floats, bools, mixed or beyond-64-bit Python ints
     arr = arr.reshape(-1)
-    bad = np.flatnonzero((arr < lo) | (arr > INT32_MAX)) if arr.size else ()
-    if len(bad):
+    if arr.size and (arr.dtype != np.int32 or lo > INT32_MIN) and (arr.min() < lo or arr.max() > INT32_MAX):
+        bad = np.flatnonzero((arr < lo) | (arr > INT32_MAX))
         raise _out_of_range(what, arr[bad[0]], int(bad[0]), lo)
     return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def sequences_of(seq_id: np.ndarray) -> np.ndarray:
+    """The distinct sequence ids of a batch's tokens, in order: np.unique's, without its sort for one token
+    (a decode step of one sequence)."""
+    return seq_id[:1] if len(seq_id) == 1 else np.unique(seq_id)
 
 
 def _exact_integers(values: object, what: str, lo: int) -> np.ndarray:
@@ -45,6 +51,15 @@ def _out_of_range(what: str, value: object, index: int, lo: int) -> BatchError:
     return BatchError(f"{what} {value} at batch index {index} is outside [{lo}, {INT32_MAX}]")
 
 
+def _per_token(values: np.ndarray, n: int) -> np.ndarray:
+    """A new array of n: values broadcast (one for every token, or one each; numpy refuses other shapes)."""
+    if values.shape == (n,):
+        return values.copy()
+    if values.size == 1:
+        return np.full(n, values.reshape(-1)[0], values.dtype)
+    return np.broadcast_to(values, (n,)).copy()
+
+
 @dataclass
 class Batch:
     tokens: np.ndarray    # int32 [n]
@@ -57,9 +72,8 @@ class Batch:
         self.tokens = as_int32(self.tokens, "token id")
         n = len(self.tokens)
         self.pos = as_int32(self.pos, "position")
-        self.seq_id = np.broadcast_to(as_int32(self.seq_id, "sequence id").reshape(np.shape(self.seq_id)),
-                                      (n,)).copy()
-        self.logits = np.broadcast_to(np.asarray(self.logits, dtype=bool), (n,)).copy()
+        self.seq_id = _per_token(as_int32(self.seq_id, "sequence id").reshape(np.shape(self.seq_id)), n)
+        self.logits = _per_token(np.asarray(self.logits, dtype=bool), n)
         if len(self.pos) != n:
             raise BatchError(f"batch has {n} tokens but {len(self.pos)} positions")
 

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from ggflow.core.backend_registry import make_backends
-from ggflow.core.batch import Batch, BatchError, UBatch
+from ggflow.core.batch import Batch, BatchError, UBatch, sequences_of
 from ggflow.core.graph import Graph
 from ggflow.core.graph_builder import GraphBuilder
 from ggflow.core.memory import Memory, Slot
@@ -80,18 +80,19 @@ class Context:
             raise BatchError("the batch is empty")
         if batch.n_tokens > self.n_ctx:
             raise BatchError(f"the batch has {batch.n_tokens} tokens, more than the context size {self.n_ctx}")
-        bad = np.flatnonzero((batch.tokens < 0) | (batch.tokens >= hp.n_vocab))
-        if len(bad):
+        if batch.tokens.min() < 0 or batch.tokens.max() >= hp.n_vocab:
+            bad = np.flatnonzero((batch.tokens < 0) | (batch.tokens >= hp.n_vocab))
             raise BatchError(f"token id {int(batch.tokens[bad[0]])} at batch index {int(bad[0])} is outside "
                              f"the vocabulary [0, {hp.n_vocab})")
         n_seq_max = self.memory.n_seq_max
-        if ((batch.seq_id < 0) | (batch.seq_id >= n_seq_max)).any():
+        if batch.seq_id.min() < 0 or batch.seq_id.max() >= n_seq_max:
             raise BatchError(f"sequence ids must be in [0, {n_seq_max})")
-        if (batch.pos < 0).any():
+        if batch.pos.min() < 0:
             raise BatchError("positions must be non-negative")
-        for s in np.unique(batch.seq_id):
-            pos = batch.pos[batch.seq_id == s]
-            if (np.diff(pos) != 1).any():
+        seqs = sequences_of(batch.seq_id)
+        for s in seqs:
+            pos = batch.pos[batch.seq_id == s] if len(seqs) > 1 else batch.pos
+            if len(pos) > 1 and (np.diff(pos) != 1).any():
                 raise BatchError(f"positions of sequence {s} in the batch must increase by one: {pos.tolist()}")
             last = self.memory.seq_pos_max(int(s))
             if last >= 0 and pos[0] != last + 1:

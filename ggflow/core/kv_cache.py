@@ -23,7 +23,7 @@ import numpy as np
 
 from ggflow.core import ops
 from ggflow.core.backend import Backend
-from ggflow.core.batch import UBatch
+from ggflow.core.batch import UBatch, sequences_of
 from ggflow.core.memory import (CELL_PAGE, MAX_SEQ, N_KV_PAD, KVInputs, Memory, MemoryBatch, SlidingWindow, Slot,
                                 page_cells)
 from ggflow.core.model import HParams
@@ -114,11 +114,12 @@ class KVCache(Memory):
     def _find_slot(self, ubatch: UBatch, pos: np.ndarray, seq: np.ndarray) -> Slot | None:
         """Free cells of (pos, seq) for the ubatch, with the state after it is written."""
         free = self._free_cells(pos, seq)
-        if int(free.sum()) < ubatch.n_tokens:
+        if np.count_nonzero(free) < ubatch.n_tokens:
             return None
         cells = np.empty(ubatch.n_tokens, dtype=np.int32)
-        for s in np.unique(ubatch.seq_id):   # one pass per sequence in the ubatch, not per token
-            rows = np.flatnonzero(ubatch.seq_id == s)
+        seqs = sequences_of(ubatch.seq_id)
+        for s in seqs:   # one pass per sequence in the ubatch, not per token
+            rows = np.flatnonzero(ubatch.seq_id == s) if len(seqs) > 1 else np.arange(ubatch.n_tokens)
             held = np.flatnonzero(seq[:, s])
             after = int(held[-1]) + 1 if len(held) else 0
             cells[rows] = _room(free, after, len(rows))
@@ -330,6 +331,9 @@ def _room(free: np.ndarray, after: int, n: int) -> np.ndarray:
     rest of its last page, whole free pages from there on, any free cells from there on, any free cells
     (then its cells are no longer in position order: its results may change in the last bits, not their
     correctness). The caller has checked that n cells are free."""
+    end = after + n
+    if after % CELL_PAGE and end <= min(len(free), after - after % CELL_PAGE + CELL_PAGE) and free[after:end].all():
+        return np.arange(after, end)   # a decode step's usual case, without the general search's dozen numpy calls
     free = free.copy()
     taken = []
 

@@ -109,7 +109,7 @@ class CPUBackend(Backend):
         attention = attention_chains(nodes) if self.fuse else {}
         kernels, i = [], 0
         while i < len(steps):
-            fused = bind_fused(steps, i, arrays, attention) if self.fuse else None
+            fused = bind_fused(steps, i, arrays, attention, self.n_threads) if self.fuse else None
             if fused is not None:
                 kernels.append(fused[0])
                 i += fused[1]

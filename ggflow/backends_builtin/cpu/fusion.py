@@ -33,14 +33,15 @@ Kernel = Callable[[], None]
 
 
 def bind_fused(steps: Sequence[Tensor], i: int, arrays: TensorArrays,
-               attention: Mapping[Tensor, tuple[Tensor, ...]] | None = None) -> tuple[Kernel, int] | None:
+               attention: Mapping[Tensor, tuple[Tensor, ...]] | None = None,
+               n_threads: int | None = None) -> tuple[Kernel, int] | None:
     """A kernel for the chain that starts at steps[i] and how many steps it runs; None: no chain starts here.
-    attention: attention_pages.attention_chains of the plan's nodes."""
+    attention: attention_pages.attention_chains of the plan's nodes; n_threads: the plan's (None: numba's)."""
     chain = attention.get(steps[i]) if attention else None
     tries = () if chain is None else (chain, chain[:2]) if len(chain) == 3 else (chain,)   # the cont too, else not
     for rest in tries:
         if tuple(steps[i + 1:i + 1 + len(rest)]) == rest:
-            kernel = kernels_attention.bind_attention(arrays, steps[i], *rest)
+            kernel = kernels_attention.bind_attention(arrays, steps[i], *rest, n_threads=n_threads)
             if kernel is not None:
                 return kernel, 1 + len(rest)
     for chain in (_add_rms_norm_mul, _rms_norm_mul, _silu_mul):
