@@ -2,8 +2,9 @@
 
 A 30-layer llama with 64-wide layers has SmolLM2's graph (same nodes, same count) but kernels that take
 microseconds, so the time of a decode step is almost all Python: input setting, plan dispatch, logits copy.
-``plan`` is the compiled plan alone (the kernels' calls), ``step`` the whole Context.decode.
-    python benchmarks/bench_overhead.py [--layers 30] [--steps 200] [--weight-type Q4_1] [--no-fuse]
+``plan`` is the compiled plan alone (the kernels' calls), ``step`` the whole Context.decode; ``--by-kernel``
+adds each kernel's time alone, summed by kind.
+    python benchmarks/bench_overhead.py [--layers 30] [--steps 200] [--weight-type Q4_1] [--no-fuse] [--by-kernel]
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -29,6 +32,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--weight-type", default="F32", help="type of the 2-D weights (the default model: Q4_1)")
     ap.add_argument("--no-fuse", action="store_true", help="one kernel per node (CPUBackend.fuse off)")
+    ap.add_argument("--by-kernel", action="store_true",
+                    help="also time each of the plan's kernels alone and print their medians by kind")
     args = ap.parse_args()
     spec = tiny_models.TinySpec("llama", 64, 4, 2, args.layers, 64, 2048)
     with tempfile.TemporaryDirectory() as d:
@@ -58,6 +63,30 @@ def main() -> None:
         print(f"{args.layers} layers, {args.weight_type} weights, {len(graph.nodes)} graph nodes, {n_kernels} kernels, "
               f"{ctx.n_graph_reuses} reuses: median {step:.3f} ms per decode step, plan {plan_ms:.3f} ms "
               f"({1e3 * step / len(graph.nodes):.2f} us per node)")
+        if args.by_kernel:
+            by_kernel(plan)
+
+
+def by_kernel(plan, rounds: int = 200) -> None:
+    """Each kernel of the plan timed alone, rounds times (the first tenth dropped), medians summed by kind (the
+    bound function's name): where a step's plan goes."""
+    kernels = plan.kernels
+    seconds = np.zeros((rounds, len(kernels)))
+    clock = time.perf_counter
+    with np.errstate(over="ignore", invalid="ignore"):
+        for r in range(rounds):
+            for j, kernel in enumerate(kernels):
+                t0 = clock()
+                kernel()
+                seconds[r, j] = clock() - t0
+    medians = np.median(seconds[rounds // 10:], axis=0)
+    kinds: dict[str, list[float]] = {}
+    for kernel, median in zip(kernels, medians):
+        name = getattr(getattr(kernel, "func", kernel), "__qualname__", type(kernel).__name__)
+        kinds.setdefault(name, []).append(median)
+    print(f"kernels alone: {1e3 * medians.sum():.3f} ms in all")
+    for name, times in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{1e6 * sum(times):9.1f} us  {len(times):4d} x {1e6 * sum(times) / len(times):6.2f} us  {name}")
 
 
 if __name__ == "__main__":

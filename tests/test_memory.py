@@ -232,3 +232,22 @@ def test_a_context_of_part_of_a_page_attends_with_the_fused_kernel(llama, monkey
         assert bound and all(kernel is not None for kernel in bound)
         logits[n_ctx] = ctx.get_logits().copy()
     np.testing.assert_array_equal(logits[100].view(np.uint32), logits[128].view(np.uint32))
+
+
+def test_the_next_cells_of_a_sequences_page_are_what_the_full_search_finds():
+    """_room takes the cells right after a sequence's last one directly where they are free and on its page (a
+    decode step); on random caches that is always the cell list the full search (_search_room) returns."""
+    from ggflow.core.kv_cache import _room, _search_room
+    from ggflow.core.memory import CELL_PAGE
+    rng = np.random.default_rng(5)
+    direct = 0
+    for _ in range(400):
+        free = rng.random(4 * CELL_PAGE) < rng.choice([0.3, 0.9, 1.0])
+        after, n = int(rng.integers(0, 4 * CELL_PAGE)), int(rng.integers(1, 5))
+        if np.count_nonzero(free) < n:
+            continue
+        end = after + n
+        direct += bool(after % CELL_PAGE and end <= len(free) and end <= after - after % CELL_PAGE + CELL_PAGE
+                       and free[after:end].all())
+        np.testing.assert_array_equal(_room(free, after, n), _search_room(free, after, n))
+    assert direct > 50     # the direct case was exercised, not only the search

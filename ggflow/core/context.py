@@ -117,7 +117,8 @@ class Context:
             for ub, slot in placed:
                 outputs.append(self._compute_ubatch(ub, slot))
             placed.commit()
-        self._logits = np.concatenate(outputs) if outputs else self._logits[:0]
+        # each ubatch's outputs are a fresh copy (Backend.get_tensor): one of them is kept as it is
+        self._logits = outputs[0] if len(outputs) == 1 else np.concatenate(outputs) if outputs else self._logits[:0]
         self._logit_row = {int(i): r for r, i in enumerate(np.flatnonzero(batch.logits))}
         return DECODE_OK
 

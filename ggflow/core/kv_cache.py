@@ -333,7 +333,12 @@ def _room(free: np.ndarray, after: int, n: int) -> np.ndarray:
     correctness). The caller has checked that n cells are free."""
     end = after + n
     if after % CELL_PAGE and end <= min(len(free), after - after % CELL_PAGE + CELL_PAGE) and free[after:end].all():
-        return np.arange(after, end)   # a decode step's usual case, without the general search's dozen numpy calls
+        return np.arange(after, end)   # a decode step's usual case: what _search_room finds, in two numpy calls
+    return _search_room(free, after, n)
+
+
+def _search_room(free: np.ndarray, after: int, n: int) -> np.ndarray:
+    """_room's search, through every preference in turn (a dozen numpy calls)."""
     free = free.copy()
     taken = []
 
