@@ -118,22 +118,30 @@ def test_a_decode_steps_heads_split_among_tasks_in_both_drivers(monkeypatch, n_h
         assert thread_choice.choice_for(("attention", n_kv_head, 768, (1, n_head, n_tokens, 64), part)).seen == [2, 2]
 
 
+@pytest.mark.parametrize("n_threads, n_kv, split", [(1, 704, False), (2, 704, True), (2, 64, False)],
+                         ids=["one thread", "two threads", "too small for two"])
 @pytest.mark.parametrize("n_tokens", [1, 3])
-def test_a_one_thread_plans_attention_keeps_each_tokens_heads_in_one_task(n_tokens):
-    """Bound for one thread, a decode step's heads are not split (a task's fixed cost buys nothing there)
-    and the parallel drivers are not taken: the same bits, and no thread choice kept for the layer's size."""
-    assert attention.head_parts(n_tokens, 32, n_threads=1) == 1
-    assert attention.head_parts(n_tokens, 32, n_threads=2) == attention.head_parts(n_tokens, 32) > 1
-    visible = [(0, 700 - 10 * t) for t in range(n_tokens)]
-    out, _ = attention_graph("F16", 704, visible, n_head=9, n_kv_head=3)      # big enough for threads
+def test_only_a_layer_that_may_run_parallel_splits_its_tokens_heads(monkeypatch, n_tokens, n_threads, n_kv, split):
+    """A layer bound for one thread, or too small for threads, keeps each token's heads in one task and never
+    takes the parallel drivers (no thread choice kept for its size); the bits are the same either way."""
+    monkeypatch.setattr(spare_cores, "ENABLED", False)
+    key = ("attention", 3, n_kv, (1, 9, n_tokens, 64), "scores")
+    thread_choice._choices.pop(key, None)         # another case of this test may have run this size
+    bound = []
+    monkeypatch.setattr(attention.entry_points, "bind",
+                        lambda kernel, *args: bound.append((kernel, args)) or (lambda: kernel(*args)))
+    visible = [(0, n_kv - 4 - 10 * t) for t in range(n_tokens)]
+    out, _ = attention_graph("F16", n_kv, visible, n_head=9, n_kv_head=3)
     unfused, _ = run_plan(out, fuse=False)
-    backend = CPUBackend(BackendOptions(n_threads=1))
-    plan = backend.compile(Graph([out]).nodes)
+    plan = CPUBackend(BackendOptions(n_threads=n_threads)).compile(Graph([out]).nodes)
     assert len(plan.kernels) == 1
-    out.numpy()[...] = 0
-    plan()
-    np.testing.assert_array_equal(out.numpy().view(np.uint32), unfused.view(np.uint32))
-    assert ("attention", 3, 704, (1, 9, n_tokens, 64), "scores") not in thread_choice._choices
+    parts = {args[10] for kernel, args in bound if kernel in (attention.scores_serial, attention.outputs_serial)}
+    assert parts == {attention.head_parts(n_tokens, 9) if split else 1}
+    for _ in range(4):
+        out.numpy()[...] = 0
+        plan()
+        np.testing.assert_array_equal(out.numpy().view(np.uint32), unfused.view(np.uint32))
+    assert (key in thread_choice._choices) == split
 
 
 def test_a_tokens_attention_does_not_depend_on_the_other_tokens():

@@ -241,15 +241,14 @@ def n_tasks(n_tokens: int) -> int:
     return -(-n_tokens // min(TOKENS_PER_TASK, max(1, n_tokens // MIN_TASKS)))
 
 
-def head_parts(n_tokens: int, n_head: int, n_threads: int | None = None) -> int:
-    """How many runs of query heads each token task splits into: enough for MIN_TASKS tasks in all where the
-    heads allow (a decode step of one sequence: its one token's heads, spread over the threads; of three
-    sequences: six tasks, which two threads share evenly where three would not). Runs of query heads rather
-    than of K/V heads, so that SmolLM2's 9 (3 K/V heads) split 4 : 5 over two threads, not 6 : 3; a K/V head
-    two runs share has its page tiles filled by both. A plan bound for one thread (n_threads 1) does not split:
-    there a task's fixed cost (its slots, its scratch) and a shared head's second fill buy nothing."""
-    if n_threads == 1:
-        return 1
+def head_parts(n_tokens: int, n_head: int) -> int:
+    """How many runs of query heads each token task of a layer that may run parallel splits into: enough for
+    MIN_TASKS tasks in all where the heads allow (a decode step of one sequence: its one token's heads, spread
+    over the threads; of three sequences: six tasks, which two threads share evenly where three would not).
+    Runs of query heads rather than of K/V heads, so that SmolLM2's 9 (3 K/V heads) split 4 : 5 over two
+    threads, not 6 : 3; a K/V head two runs share has its page tiles filled by both. A layer that always runs
+    serially does not split: there a task's fixed cost (its slots, its scratch) and a shared head's second
+    fill buy nothing (a decode step of bench_overhead's graph: 6.8 -> 4.7 us a layer)."""
     return max(1, min(n_head, -(-MIN_TASKS // n_tasks(n_tokens))))
 
 
@@ -297,14 +296,15 @@ def bind_attention(arrays: TensorArrays, kq: Tensor, softmax: Tensor, kqv: Tenso
     n_kv_head = keys.ne[2]
     scale = F32(softmax.op_params[0])
     round_q, round_p = keys.type.name == "F16", values.type.name == "F16"
-    tasks, parts = n_tasks(n_tokens), head_parts(n_tokens, n_head, n_threads)
+    may_run_parallel = n_threads != 1 and q.ne[1] * q.ne[2] * keys.ne[1] * keys.ne[0] >= PARALLEL_MIN_MACS
+    tasks, parts = n_tasks(n_tokens), head_parts(n_tokens, n_head) if may_run_parallel else 1
     w = _scores_memory(arrays, kq, (result, k_mem, v_mem, q_view, mask_rows))
     q_rows = q_view if q_view.flags.c_contiguous else np.empty(q_view.shape, q_view.dtype)   # one compiled layout
     score_args = (k_mem, k_step, n_kv_head, q_rows, mask_rows, live, scale, round_q, w, tasks, parts, 0, tasks * parts)
     output_args = (v_mem, v_step, n_kv_head, live, round_p, w, shape, out, out_step, tasks, parts, 0, tasks * parts)
     scores = entry_points.bind(scores_serial, *score_args)
     outputs = entry_points.bind(outputs_serial, *output_args)
-    if n_threads != 1 and q.ne[1] * q.ne[2] * keys.ne[1] * keys.ne[0] >= PARALLEL_MIN_MACS:
+    if may_run_parallel:
         key = ("attention", n_kv_head, keys.ne[1], q_view.shape)
         scores = thread_choice.adaptive((*key, "scores"), entry_points.bind_lazily(scores_parallel, *score_args),
                                         scores)
