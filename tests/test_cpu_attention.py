@@ -203,3 +203,19 @@ def test_soft_max_bits_do_not_depend_on_where_masked_pages_lie():
     soft_max_kernel(spread, np.zeros((1, 1, 1, 1), np.float32), False, np.float32(1), y_spread)
     seen = np.concatenate([y_spread[..., PAGE:2 * PAGE], y_spread[..., 3 * PAGE:4 * PAGE]], axis=-1)
     np.testing.assert_array_equal(seen.view(np.uint32), compact.view(np.uint32))
+
+
+def test_a_plans_layers_share_one_copy_of_a_query_in_another_layout(tiny_model_path):
+    """Each layer's query is a permuted view, copied for the kernel at every run: into one buffer for all
+    the layers of a plan, not one per layer (a prompt's queries in every layer: megabytes)."""
+    from ggflow.core.batch import Batch
+    from ggflow.core.context import Context
+    from ggflow.core.model import Model
+    ctx = Context(Model.load(tiny_model_path("llama")), n_ctx=64, backends="cpu", n_threads=1)
+    assert ctx.decode(Batch.from_tokens(list(range(1, 17)))) == 0
+    runs = [k for k in ctx.scheduler.splits[0].plan.kernels
+            if getattr(k, "__qualname__", "").startswith("bind_attention")]
+    assert len(runs) == ctx.model.hparams.n_layer > 1
+    copies = {id(dict(zip(r.__code__.co_freevars, r.__closure__))["q_rows"].cell_contents) for r in runs}
+    views = {id(dict(zip(r.__code__.co_freevars, r.__closure__))["q_view"].cell_contents) for r in runs}
+    assert len(copies) == 1 and len(views) == len(runs)   # one buffer, each layer's own query view
