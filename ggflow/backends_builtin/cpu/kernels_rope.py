@@ -133,8 +133,10 @@ def bind_rope(node: Tensor, arrays: TensorArrays) -> Kernel:
     rotate = driver_for(node.nelements, rotate_parallel, rotate_serial)
     (cos, sin), computes = _tables_for(node, arrays, n_dims)
     fill_args = (pos_view, factors_view, has_factors, n_dims, n_ctx_orig, *floats, cos, sin)
-    if read_factors_as_is:
-        fill = entry_points.bind(rope_cache_into, *fill_args) if computes else None
+    if not computes:
+        fill = None
+    elif read_factors_as_is:
+        fill = entry_points.bind(rope_cache_into, *fill_args)
     else:
         fill = lambda: rope_cache_into(pos_view, to_f32(factors_view, ff.type), *fill_args[2:])   # noqa: E731
     if a.type.name == "F32":
