@@ -17,6 +17,7 @@ import numpy as np
 import ggflow
 from ggflow.backends_builtin.cpu import _qmm_template as tmpl
 from ggflow.backends_builtin.cpu import quant_matmul as qmm
+from ggflow.backends_builtin.cpu._qmm_amx import amx_available
 from ggflow.core.types import type_traits
 
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -35,7 +36,9 @@ def main() -> None:
         traits = type_traits(w_type)
         rows, k = args.shape[0], -(-args.shape[1] // traits.block_size) * traits.block_size
         pw = qmm.pack_weight(ggflow.quantize(rng.standard_normal((rows, k)).astype(np.float32), w_type), w_type)
-        paths = ["tile", "pairs"] + (["quads"] if qmm.cpu_pieces(traits).decode_quads else [])
+        pieces = qmm.cpu_pieces(traits)
+        paths = ["tile", "pairs"] + (["quads"] if pieces.decode_quads else []) + (
+            ["amx"] if tmpl.amx_takes(pieces) and amx_available() else [])
         for n in args.tokens:
             xq, dx, xe = qmm.quantize_activations(rng.standard_normal((n, k)).astype(np.float32), traits.vec_dot_type)
             matvec = np.empty((n, rows), np.float32)

@@ -47,7 +47,8 @@ def weight_type(w_type: str) -> None:
     """Every driver of one type's matmul: serial and parallel, each batch path it has (pairs: serial, as
     the tests run it)."""
     import ggflow
-    from ggflow.backends_builtin.cpu import quant_matmul as qmm
+    from ggflow.backends_builtin.cpu import _qmm_template as tmpl, quant_matmul as qmm
+    from ggflow.backends_builtin.cpu._qmm_amx import amx_available
     from ggflow.backends_builtin.cpu._qmm_quads import quads_are_exact
     from ggflow.core.types import type_traits
 
@@ -62,6 +63,8 @@ def weight_type(w_type: str) -> None:
         return
     pieces = qmm.cpu_pieces(type_traits(w_type))
     paths = ["tile", "quads"] if pieces.decode_quads and quads_are_exact(pieces.quad_bias) else ["tile"]
+    if tmpl.amx_takes(pieces) and amx_available():
+        paths.append("amx")
     for path in paths:
         for parallel in (False, True):
             pw.drivers.get(parallel, path)

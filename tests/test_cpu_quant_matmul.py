@@ -19,6 +19,7 @@ import ggflow
 from ggflow.backends_builtin.cpu import _qmm_act as act
 from ggflow.backends_builtin.cpu import _qmm_template as tmpl
 from ggflow.backends_builtin.cpu import quant_matmul as qmm
+from ggflow.backends_builtin.cpu._qmm_amx import amx_available
 from ggflow.backends_builtin.cpu._qmm_quads import quads_are_exact
 from ggflow.core.types import type_traits
 from ggflow.errors import BackendError, ShapeError
@@ -203,11 +204,18 @@ def test_quantized_matmul_equals_ggml_integer_dot_on_its_own_quantized_activatio
 
 
 def batch_paths(w_type: str) -> list[str]:
-    """The batched kernels a type has: the tile one, the pairs one, and quads where it brings decode_quads
-    (and they are exact for its bias here: Q8_0's whole signed bytes need VNNI)."""
+    """The batched kernels a type has: the tile one, the pairs one, quads where it brings decode_quads (and they
+    are exact for its bias here: Q8_0's whole signed bytes need VNNI), and AMX's tiles where this CPU has them."""
     pieces = qmm.cpu_pieces(type_traits(w_type))
     quads = pieces.decode_quads is not None and quads_are_exact(pieces.quad_bias)
-    return ["tile", "pairs"] + (["quads"] if quads else [])
+    amx = tmpl.amx_takes(pieces) and amx_available()
+    return ["tile", "pairs"] + (["quads"] if quads else []) + (["amx"] if amx else [])
+
+
+def quads_or_tiles(n_tokens: int) -> str:
+    """The path a Q8_0-like type with quads takes for n_tokens: the quads, or from AMX_MIN_TOKENS AMX's tiles
+    where this CPU has them."""
+    return "amx" if n_tokens >= tmpl.AMX_MIN_TOKENS and amx_available() else "quads"
 
 
 # 2: the matvec (tile), one pass of two (quads); 3: one token per pass (tile), a pass of two and one more
@@ -265,7 +273,7 @@ def test_q8_0_quads_are_exact_at_the_extremes_of_a_signed_byte():
 def test_q8_0_takes_the_quads_from_one_token_only_where_they_are_exact():
     pw = qmm.pack_weight(weight("Q8_0", 70, 256)[0], "Q8_0")
     for n in (1, 4, 64):
-        assert (tmpl.batch_path(pw.kind, n) == "quads") == quads_are_exact(128)
+        assert (tmpl.batch_path(pw.kind, n) == quads_or_tiles(n)) == quads_are_exact(128)
 
 
 def test_products_take_the_quads_kernel_from_the_types_own_token_count():
@@ -282,7 +290,7 @@ def test_types_with_block_quads_take_the_quads_kernel_below_their_quads_from():
     pw = qmm.pack_weight(q, "Q5_0")
     assert qmm.cpu_pieces(type_traits("Q5_0")).quads_from == 8
     for n in (1, 7, 8, tmpl.BLOCK_QUADS_MAX_TOKENS + 1):
-        assert pw.kernel(False, n) is pw.drivers.get(False, "quads"), n
+        assert pw.kernel(False, n) is pw.drivers.get(False, quads_or_tiles(n)), n
 
 
 def kernel_args(pw, x):

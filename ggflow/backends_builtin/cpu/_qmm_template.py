@@ -72,8 +72,8 @@ from numba.core import cgutils
 from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import intrinsic, overload
 
-from ggflow.backends_builtin.cpu import (_qmm_float, _qmm_int16, _qmm_layout, _qmm_pairs, _qmm_prefetch, _qmm_quads,
-                                         _qmm_token_sums)
+from ggflow.backends_builtin.cpu import (_qmm_amx, _qmm_float, _qmm_int16, _qmm_layout, _qmm_pairs, _qmm_prefetch,
+                                         _qmm_quads, _qmm_token_sums)
 from ggflow.backends_builtin.cpu._qmm_int16 import wide_vectors
 from ggflow.backends_builtin.cpu._qmm_layout import check_tile
 from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums, pairs_are_fast
@@ -107,6 +107,14 @@ QUAD_TOKENS = 2
 # bytes are twice the nibbles': 2048 x 2048, 64 tokens, one thread, Q4_K 1556-1872 -> 966-1000 us, Q4_1 1536 x
 # 576 409-415 -> 330-357, Q4_0 1796-2080 -> 1307-1479, Q5_K 1502-1947 -> 1405-1410; Q6_K and Q5_0 about even.
 BLOCK_QUADS_MAX_TOKENS = 64
+# From this many tokens on, where the CPU has AMX (_qmm_amx.amx_available), a type with decode_quads and at most
+# AMX_MAX_GROUPS quad groups a block takes the tiles: a block decoded once, then each group's sums of 16 tokens x
+# 64 rows in four tdpbsud. A block's sums of 16 tokens are 16 x groups x 64 int32, written by the tiles and read by
+# the accumulate: 32 KiB at 8 groups, in L1; at Q2_K's, Q3_K's and Q6_K's 16 they spill, and those ran 0.3-0.6x the
+# quads path. 64 tokens, 2048 x 2048, one thread, against the quads path: Q4_0 1.33-1.42x, Q4_1 (576 x 576)
+# 1.26-1.30x, Q5_0 1.57x, Q5_1 1.46x, Q8_0 1.28-1.35x, Q4_K 1.07-1.22x, Q5_K 1.69x.
+AMX_MIN_TOKENS = 16
+AMX_MAX_GROUPS = 8
 if PAIRS_MIN_TOKENS < TOKENS_PER_PASS:
     raise ImportError("PAIRS_MIN_TOKENS must be at least TOKENS_PER_PASS (the last pass re-reads the last tokens)")
 
@@ -116,7 +124,7 @@ _PIECES: dict[str, object] = {}   # kind -> BlockPieces (qmm_pieces), filled by 
 # The modules whose njit functions and intrinsics the skeleton compiles into every type's kernels: numba's cache
 # checks none of them (only this file), so the kind key stamps them with the pieces' own sources.
 _SKELETON_FILES = tuple(inspect.getsourcefile(m) or "" for m in (
-    _qmm_float, _qmm_int16, _qmm_layout, _qmm_pairs, _qmm_prefetch, _qmm_quads, _qmm_token_sums))
+    _qmm_amx, _qmm_float, _qmm_int16, _qmm_layout, _qmm_pairs, _qmm_prefetch, _qmm_quads, _qmm_token_sums))
 
 
 def kind_key(name: str, pieces) -> str:
@@ -513,17 +521,112 @@ def _mul_mat_quads_serial(kind, w, xq, dx, xe, out):
     _mul_mat_quads_tiles(kind, w, x8, xs, dx, xe, out, np.int64(0), w[0].shape[0])
 
 
+def _tile_amx(kind, t0, t1, w, x8, xs, dx, xe, out):
+    """Row tiles t0 .. t1-1 of out = W x on AMX tiles (compiled per type, see _ov_tile_amx)."""
+    raise NotImplementedError("only called from compiled kernels")
+
+
+@overload(_tile_amx, jit_options={"nogil": True})
+def _ov_tile_amx(kind, t0, t1, w, x8, xs, dx, xe, out):
+    """The quads path with the group sums of _qmm_amx.TOKENS tokens per pass formed on AMX tiles
+    (``_qmm_amx.group_sums``): a block decoded once by ``decode_quads``, then per group one tile of the tokens'
+    activations against the block's quads, the bias taken out through xs, accumulated per token in order as in
+    ``_tile``: the same integers, so the same bits. x8 and xs have rows for whole passes (the driver pads them)."""
+    p = _pieces_of(kind)
+    if p is None or p.decode_quads is None:
+        return None
+    decode_quads, bias = p.decode_quads, p.quad_bias
+    qk = p.block_size
+    qgroups, accumulate, groups = quad_plan(p, True)    # AMX's CPUs have VNNI: the quads add in int32
+    quads_per_group = qk // qgroups // 4
+    ahead = p.prefetch_bytes
+    tokens = _qmm_amx.TOKENS
+
+    def impl(kind, t0, t1, w, x8, xs, dx, xe, out):
+        wide_vectors()
+        nb = w[0].shape[1]
+        n = out.shape[0]
+        acc = np.empty((n, R), F32)
+        sums = np.zeros((tokens, groups, R), I32)     # groups past qgroups stay 0: accumulate adds them
+        wq = np.empty((qk // 4, R), I32)
+        _qmm_amx.tiles_start(_qmm_amx.tile_config(4 * quads_per_group))
+        for t in range(t0, t1):
+            acc[:] = 0
+            for b in range(nb):
+                if ahead:
+                    prefetch_slice(w, t, b, ahead, 0, 1)
+                decode_quads(w, t, b, wq)
+                for i in range(0, n, tokens):
+                    for g in range(qgroups):
+                        _qmm_amx.group_sums(wq, x8, i, b * qk, g * quads_per_group, sums, g)
+                        if bias:
+                            for u in range(tokens):
+                                correction = I32(bias) * xs[i + u, b * qgroups + g]
+                                for r in range(R):
+                                    sums[u, g, r] -= correction
+                    for u in range(min(tokens, n - i)):
+                        accumulate(acc[i + u], sums[u], w, t, b, dx, xe, i + u)
+            for i in range(n):
+                _store_tile(acc[i], out, i, t)
+        _qmm_amx.tiles_end()
+    return impl
+
+
+@njit(cache=True, nogil=True)
+def _mul_mat_amx_tiles(kind, w, x8, xs, dx, xe, out, t0, t1):
+    literally(kind)
+    _tile_amx(kind, t0, t1, w, x8, xs, dx, xe, out)
+
+
+@njit(cache=True, inline="always")
+def _amx_activations(kind, xq):
+    """The activations as bytes in whole passes of _qmm_amx.TOKENS rows (the rows past n zero), and their group
+    sums where the type's quads carry a bias."""
+    n, k = xq.shape
+    x8 = np.zeros((-(-n // _qmm_amx.TOKENS) * _qmm_amx.TOKENS, k), np.int8)
+    for i in range(n):
+        for j in range(k):
+            x8[i, j] = xq[i, j]       # quantized activations fit a byte
+    return x8, _activation_group_sums(kind, x8)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _mul_mat_amx_parallel(kind, w, xq, dx, xe, out):
+    literally(kind)
+    x8, xs = _amx_activations(kind, xq)
+    n_tiles = w[0].shape[0]
+    chunks = min(n_tiles, _threads_now())
+    for c in prange(chunks):
+        t0, t1 = _thread_share(c, chunks, n_tiles)
+        _mul_mat_amx_tiles(kind, w, x8, xs, dx, xe, out, t0, t1)
+
+
+@njit(cache=True, nogil=True)
+def _mul_mat_amx_serial(kind, w, xq, dx, xe, out):
+    literally(kind)
+    x8, xs = _amx_activations(kind, xq)
+    _mul_mat_amx_tiles(kind, w, x8, xs, dx, xe, out, np.int64(0), w[0].shape[0])
+
+
 Kernel = Callable[..., None]
+
+
+def amx_takes(pieces) -> bool:
+    """Whether the pieces' type takes the AMX path where the CPU has AMX (AMX_MAX_GROUPS)."""
+    return pieces.decode_quads is not None and quad_plan(pieces, True)[2] <= AMX_MAX_GROUPS
 
 
 def batch_path(kind: str, n_tokens: int) -> str:
     """Which kernel a product of n_tokens of the type ``kind`` names (register_pieces) runs, all giving the
-    same bits: "quads" from the type's quads_from where it has decode_quads, and up to BLOCK_QUADS_MAX_TOKENS
+    same bits: "amx" from AMX_MIN_TOKENS where the CPU has AMX and the type's quad groups are long enough
+    (``amx_takes``), "quads" from the type's quads_from where it has decode_quads, and up to BLOCK_QUADS_MAX_TOKENS
     where it also has block_quads (where they are exact for its bias on this target:
     ``_qmm_quads.quads_are_exact``), "pairs" from PAIRS_MIN_TOKENS
     where the target has AVX-512 (``_qmm_pairs.pairs_are_fast``), else "tile" (the matvec up to
     MATVEC_MAX_TOKENS, then decoded blocks)."""
     pieces = _PIECES[kind]     # the pieces the kind was compiled with, even if the type was registered again
+    if n_tokens >= AMX_MIN_TOKENS and amx_takes(pieces) and _qmm_amx.amx_available():
+        return "amx"
     quads = (pieces.block_quads is not None and n_tokens <= BLOCK_QUADS_MAX_TOKENS) or n_tokens >= pieces.quads_from
     if pieces.decode_quads is not None and quads and quads_are_exact(pieces.quad_bias):
         return "quads"
@@ -534,14 +637,18 @@ def batch_path(kind: str, n_tokens: int) -> str:
 
 def entry_point(kind: str, parallel: bool, arg_types: tuple, path: str = "tile") -> Kernel:
     """A compiled kernel, called as f(kind, w, xq, dx, xe, out); arg_types: the numba types of
-    (w, xq, dx, xe, out). parallel: the prange driver; path: "tile", "pairs" or "quads" (see batch_path).
+    (w, xq, dx, xe, out). parallel: the prange driver; path: "tile", "pairs", "quads" or "amx" (see batch_path).
 
     Compiled (or loaded from numba's cache) on first use: a model whose products are all small never
     pays for its parallel drivers, which cost the most to compile, and decoding never for the batch ones."""
+    if path == "amx" and not _qmm_amx.amx_available():   # also what asks Linux for the tile state: else SIGILL
+        raise RuntimeError("the amx path needs AMX tiles, which this CPU or process does not have "
+                           "(_qmm_amx.amx_available)")
     sig = (types.literal(kind),) + tuple(arg_types)
     driver = {("tile", False): _mul_mat_serial, ("tile", True): _mul_mat_parallel,
               ("pairs", False): _mul_mat_pairs_serial, ("pairs", True): _mul_mat_pairs_parallel,
-              ("quads", False): _mul_mat_quads_serial, ("quads", True): _mul_mat_quads_parallel}[path, parallel]
+              ("quads", False): _mul_mat_quads_serial, ("quads", True): _mul_mat_quads_parallel,
+              ("amx", False): _mul_mat_amx_serial, ("amx", True): _mul_mat_amx_parallel}[path, parallel]
     with warnings.catch_warnings():
         # numba's pedantic scope check flags the loop variables of pieces inlined three calls deep
         # ("variable ... is not in scope"); the generated code is unaffected (the outputs are
