@@ -127,6 +127,7 @@ def group_sums(typingctx, wq, x8, i0, col, j0, part, g):
             builder.call(load, [b_tile, builder.gep(wq_base, [ir.Constant(i64, 64 * s)]), wq_stride])
             builder.call(dot, [ir.Constant(i8, s), ir.Constant(i8, 4), b_tile])
         for s in subtiles:
-            builder.call(store, [ir.Constant(i8, s), builder.gep(part_base, [ir.Constant(i64, 64 * s)]), part_strides[0]])
+            at = builder.gep(part_base, [ir.Constant(i64, 64 * s)])
+            builder.call(store, [ir.Constant(i8, s), at, part_strides[0]])
         return context.get_dummy_value()
     return types.none(wq, x8, i0, col, j0, part, g), codegen
