@@ -9,7 +9,7 @@ them as from the quads path, so the bits are the same (tests/test_qmm_amx.py).
 
 Linux gives a process AMX's 8 KiB tile state only on request (``arch_prctl(ARCH_REQ_XCOMP_PERM,
 XFEATURE_XTILEDATA)``); without it the first tile instruction is SIGILL. ``amx_available`` asks once and says
-whether the kernels may use the tiles: the CPU has AMX-INT8 (LLVM's host features, what numba compiles for),
+whether the kernels may use the tiles: numba compiles for a CPU with AMX-INT8 (its target machine's features),
 the kernel granted the state, and ``GGFLOW_AMX=0`` is not set.
 
 Tiles (palette 1): 0-3 the sums of the 4 runs of 16 rows of a 64-row tile, 4 the tokens' activation bytes of one
@@ -38,10 +38,10 @@ def amx_available() -> bool:
     """Whether the kernels may use AMX tiles in this process (the module docstring)."""
     if os.environ.get("GGFLOW_AMX", "1") == "0" or not sys.platform.startswith("linux"):
         return False
-    import llvmlite.binding as llvm
-    features = llvm.get_host_cpu_features()
-    if not (features.get("amx-int8") and features.get("amx-tile")):
-        return False
+    from numba.core.registry import cpu_target
+    from ggflow.backends_builtin.cpu._qmm_pairs import _target_features
+    if not {"+amx-int8", "+amx-tile"} <= _target_features(cpu_target.target_context):
+        return False     # what numba compiles for: not the host's where NUMBA_CPU_NAME names another CPU
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.syscall(_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
