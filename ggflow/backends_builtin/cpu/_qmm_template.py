@@ -618,7 +618,7 @@ def amx_takes(pieces) -> bool:
 
 def batch_path(kind: str, n_tokens: int) -> str:
     """Which kernel a product of n_tokens of the type ``kind`` names (register_pieces) runs, all giving the
-    same bits: "amx" from AMX_MIN_TOKENS where the CPU has AMX and the type's quad groups are long enough
+    same bits: "amx" from AMX_MIN_TOKENS where the CPU has AMX and the type has few enough quad groups a block
     (``amx_takes``), "quads" from the type's quads_from where it has decode_quads, and up to BLOCK_QUADS_MAX_TOKENS
     where it also has block_quads (where they are exact for its bias on this target:
     ``_qmm_quads.quads_are_exact``), "pairs" from PAIRS_MIN_TOKENS
