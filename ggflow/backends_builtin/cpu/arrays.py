@@ -38,6 +38,14 @@ class TensorArrays:
         memory_of, offset = substituted_memory(t, self.substitutes, "CPU")
         return _host_view(memory_of, t, offset)
 
+    def scratch(self, purpose: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """One array per purpose, shape and dtype for all of the plan's kernels: for what a kernel writes and
+        reads back within one call (one per layer would hold, say, a prompt's queries once per layer)."""
+        key = ("scratch", purpose, tuple(shape), np.dtype(dtype).str)
+        if key not in self.shared:
+            self.shared[key] = np.empty(shape, dtype)
+        return self.shared[key]
+
 
     def f32_reader(self, t: Tensor) -> Callable[[], np.ndarray]:
         """A function returning t's values as float32 (numpy shape ne[::-1]), read afresh on each call.

@@ -95,9 +95,7 @@ def _silu_mul(steps: Sequence[Tensor], i: int, arrays: TensorArrays) -> tuple[Ke
     if rows is None or _overlap(rows, writes=(2, 3)):
         return None
     x, u, s, z = (r.reshape(-1) for r in rows)
-    t = arrays.shared.get(("silu exp", x.shape))   # exp(-x): one scratch per shape for the whole plan
-    if t is None:
-        t = arrays.shared[("silu exp", x.shape)] = np.empty_like(x)
+    t = arrays.scratch("silu exp", x.shape, x.dtype)   # exp(-x)
     kernel = entry_points.bind(kernels_elementwise.silu_from_exp_mul, x, t, s, u, z)
 
     def run() -> None:

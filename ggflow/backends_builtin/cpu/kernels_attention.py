@@ -259,19 +259,7 @@ def _scores_memory(arrays: TensorArrays, kq: Tensor, others: tuple[np.ndarray, .
     view = arrays.view(kq)
     if view.dtype == F32 and view.flags.c_contiguous and not any(np.may_share_memory(view, a) for a in others):
         return view.reshape(-1)
-    key = ("attention scores", view.size)
-    if key not in arrays.shared:
-        arrays.shared[key] = np.empty(view.size, F32)
-    return arrays.shared[key]
-
-
-def _query_copy(arrays: TensorArrays, q_view: np.ndarray) -> np.ndarray:
-    """Where a query in another layout is copied for the kernel at each run: one buffer per shape for all of
-    the plan's layers (each layer's would hold a prompt's queries per layer: 11 MiB for TinyLlama's 64 tokens)."""
-    key = ("attention query", q_view.shape, q_view.dtype.str)
-    if key not in arrays.shared:
-        arrays.shared[key] = np.empty(q_view.shape, q_view.dtype)
-    return arrays.shared[key]
+    return arrays.scratch("attention scores", (view.size,), F32)
 
 
 def bind_attention(arrays: TensorArrays, kq: Tensor, softmax: Tensor, kqv: Tensor,
@@ -308,7 +296,9 @@ def bind_attention(arrays: TensorArrays, kq: Tensor, softmax: Tensor, kqv: Tenso
     may_run_parallel = n_threads != 1 and q.ne[1] * q.ne[2] * keys.ne[1] * keys.ne[0] >= PARALLEL_MIN_MACS
     tasks, parts = n_tasks(n_tokens), head_parts(n_tokens, n_head) if may_run_parallel else 1
     w = _scores_memory(arrays, kq, (result, k_mem, v_mem, q_view, mask_rows))
-    q_rows = q_view if q_view.flags.c_contiguous else _query_copy(arrays, q_view)   # one compiled layout
+    # a query in another layout is copied at each run, into one buffer for all of the plan's layers (a prompt's
+    # queries once per layer were 11 MiB for TinyLlama's 64 tokens): one compiled layout
+    q_rows = q_view if q_view.flags.c_contiguous else arrays.scratch("attention query", q_view.shape, q_view.dtype)
     score_args = (k_mem, k_step, n_kv_head, q_rows, mask_rows, live, scale, round_q, w, tasks, parts, 0, tasks * parts)
     output_args = (v_mem, v_step, n_kv_head, live, round_p, w, shape, out, out_step, tasks, parts, 0, tasks * parts)
     scores = entry_points.bind(scores_serial, *score_args)
