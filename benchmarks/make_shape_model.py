@@ -38,6 +38,9 @@ class Shape:
 SHAPES = {
     # TinyLlama/TinyLlama-1.1B-Chat-v1.0's config.json
     "tinyllama-1.1b": Shape("llama", "ggml-vocab-llama-spm.gguf", 2048, 22, 32, 4, 5632, 2048, 10000.0),
+    # HuggingFaceTB/SmolLM2-135M-Instruct's config.json (the default model's shape, for machines it cannot travel to;
+    # StarCoder's vocabulary has the same 49,152 tokens)
+    "smollm2-135m": Shape("llama", "ggml-vocab-starcoder.gguf", 576, 30, 9, 3, 1536, 8192, 100000.0, tied_output=True),
     # Qwen/Qwen2-0.5B-Instruct's config.json (its vocabulary file holds 151,936 tokens' worth of the 151,646 used)
     "qwen2-0.5b": Shape("qwen2", "ggml-vocab-qwen2.gguf", 896, 24, 14, 2, 4864, 32768, 1000000.0,
                         qkv_bias=True, tied_output=True),
