@@ -20,6 +20,7 @@ SHADERS = Path(__file__).resolve().parents[1] / "ggflow" / "backends_builtin" / 
 GLSLC_FLAGS = ["--target-env=vulkan1.2", "-O"]
 
 FLOATS = {"f32": "float", "f16": "float16_t"}
+D_F16 = {"f32": {}, "f16": {"D_F16": "1"}}   # F16 results are rounded by round_f16 before the store (common.glsl)
 QUANTIZABLE = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")   # types set_rows can write (a quantized KV cache)
 WEIGHT_TYPES = ("f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 
@@ -33,7 +34,7 @@ def variants() -> dict[str, tuple[str, dict[str, str]]]:
         for a in FLOATS:
             for d in FLOATS:
                 out[f"unary_{op}_{a}_{d}"] = ("unary.comp", {f"OP_{op.upper()}": "1", "A_TYPE": FLOATS[a],
-                                                              "D_TYPE": FLOATS[d]})
+                                                              "D_TYPE": FLOATS[d], **D_F16[d]})
     out["norm_rms"] = ("norm.comp", {"RMS": "1"})
     out["norm_layer"] = ("norm.comp", {})
     out["soft_max_f32"] = ("soft_max.comp", {"M_TYPE": "float"})
@@ -41,16 +42,16 @@ def variants() -> dict[str, tuple[str, dict[str, str]]]:
     for mode in ("normal", "neox"):
         for a in FLOATS:
             for d in FLOATS:
-                defines = {"A_TYPE": FLOATS[a], "D_TYPE": FLOATS[d]}
+                defines = {"A_TYPE": FLOATS[a], "D_TYPE": FLOATS[d], **D_F16[d]}
                 if mode == "neox":
                     defines["NEOX"] = "1"
                 out[f"rope_{mode}_{a}_{d}"] = ("rope.comp", defines)
     for a in FLOATS:
         for d in FLOATS:
-            out[f"copy_{a}_{d}"] = ("copy.comp", {"A_TYPE": FLOATS[a], "D_TYPE": FLOATS[d]})
-            out[f"copy_reshape_{a}_{d}"] = ("copy.comp", {"A_TYPE": FLOATS[a], "D_TYPE": FLOATS[d],
-                                                          "RESHAPE": "1"})
-            out[f"set_rows_{a}_{d}"] = ("set_rows.comp", {"A_TYPE": FLOATS[a], "D_TYPE": FLOATS[d]})
+            types = {"A_TYPE": FLOATS[a], "D_TYPE": FLOATS[d], **D_F16[d]}
+            out[f"copy_{a}_{d}"] = ("copy.comp", types)
+            out[f"copy_reshape_{a}_{d}"] = ("copy.comp", {**types, "RESHAPE": "1"})
+            out[f"set_rows_{a}_{d}"] = ("set_rows.comp", types)
     out["copy_raw16"] = ("copy.comp", {"A_TYPE": "uint16_t", "D_TYPE": "uint16_t", "RAW": "1"})
     for q in QUANTIZABLE:
         out[f"set_rows_f32_{q}"] = ("set_rows_quant.comp", {f"D_{q.upper()}": "1"})

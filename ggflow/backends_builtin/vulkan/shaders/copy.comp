@@ -37,7 +37,7 @@ void main() {
 #if defined(RAW)
         d[d_row + i0 * p.d_nb0] = a[ai];   // bits as they are (quantized blocks, read as 16-bit words)
 #else
-        d[d_row + i0 * p.d_nb0] = D_TYPE(float(a[ai]));
+        d[d_row + i0 * p.d_nb0] = TO_D(float(a[ai]));
 #endif
     }
 }

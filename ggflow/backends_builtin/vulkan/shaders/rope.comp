@@ -38,8 +38,8 @@ void main() {
     for (uint k = gl_LocalInvocationID.x; k < p.ne0 / 2; k += gl_WorkGroupSize.x) {
         if (k >= half_dims) {  // channels past n_dims pass through
             const uint i = p.n_dims + 2 * (k - half_dims);
-            d[d_row + i * p.d_nb0] = D_TYPE(float(a[a_row + i * p.a_nb0]));
-            d[d_row + (i + 1) * p.d_nb0] = D_TYPE(float(a[a_row + (i + 1) * p.a_nb0]));
+            d[d_row + i * p.d_nb0] = TO_D(float(a[a_row + i * p.a_nb0]));
+            d[d_row + (i + 1) * p.d_nb0] = TO_D(float(a[a_row + (i + 1) * p.a_nb0]));
             continue;
         }
         // theta_k = pos * theta_scale^k by repeated multiplication, exactly as ggml builds it
@@ -63,7 +63,7 @@ void main() {
         const uint i0 = 2 * k, i1 = 2 * k + 1;
 #endif
         const float x0 = float(a[a_row + i0 * p.a_nb0]), x1 = float(a[a_row + i1 * p.a_nb0]);
-        d[d_row + i0 * p.d_nb0] = D_TYPE(x0 * cs.x - x1 * cs.y);
-        d[d_row + i1 * p.d_nb0] = D_TYPE(x0 * cs.y + x1 * cs.x);
+        d[d_row + i0 * p.d_nb0] = TO_D(x0 * cs.x - x1 * cs.y);
+        d[d_row + i1 * p.d_nb0] = TO_D(x0 * cs.y + x1 * cs.x);
     }
 }

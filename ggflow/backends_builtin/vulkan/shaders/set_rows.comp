@@ -24,6 +24,6 @@ void main() {
     const uint a_row = p.a_off + i1 * p.a_nb1;
     const uint d_row = p.d_off + (uint(row) - p.row_lo) * p.d_nb1;
     for (uint i0 = gl_GlobalInvocationID.x; i0 < p.ne0; i0 += gl_NumWorkGroups.x * gl_WorkGroupSize.x) {
-        d[d_row + i0 * p.d_nb0] = D_TYPE(float(a[a_row + i0 * p.a_nb0]));
+        d[d_row + i0 * p.d_nb0] = TO_D(float(a[a_row + i0 * p.a_nb0]));
     }
 }

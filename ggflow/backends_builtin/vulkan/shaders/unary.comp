@@ -37,6 +37,6 @@ void main() {
     const uint a_row = p.a_off + r.x * p.a_nb1 + r.y * p.a_nb2 + r.z * p.a_nb3;
     const uint d_row = p.d_off + r.x * p.d_nb1 + r.y * p.d_nb2 + r.z * p.d_nb3;
     for (uint i0 = gl_GlobalInvocationID.x; i0 < p.ne0; i0 += gl_NumWorkGroups.x * gl_WorkGroupSize.x) {
-        d[d_row + i0 * p.d_nb0] = D_TYPE(op(float(a[a_row + i0 * p.a_nb0])));
+        d[d_row + i0 * p.d_nb0] = TO_D(op(float(a[a_row + i0 * p.a_nb0])));
     }
 }
