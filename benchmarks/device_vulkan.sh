@@ -4,6 +4,7 @@
 # shapes made there (the default model's 98 MB does not travel; make_shape_model.py + `ggflow quantize` do).
 #
 #   bash benchmarks/device_vulkan.sh OUTDIR        # every step has its own timeout; the whole run < 7 min
+#   PARTS="tests step" bash benchmarks/device_vulkan.sh OUTDIR    # some of: kernels tests bench step
 #
 # Runs anywhere with a Vulkan driver (lavapipe too: set MODELS="smollm2-135m:Q4_1" to keep it short). On a
 # bare machine it first unpacks what the caller carried: .gl/*.deb (the Vulkan loader, where ldconfig has
@@ -13,6 +14,8 @@ set -u
 OUT=${1:-${OUT:-/tmp/device_vulkan}}
 MODELS=${MODELS:-"smollm2-135m:Q4_1 tinyllama-1.1b:Q4_0"}
 CPU_THREADS=${CPU_THREADS:-8}
+PARTS=${PARTS:-"kernels tests bench step"}
+want() { [[ " $PARTS " == *" $1 "* ]]; }
 mkdir -p "$OUT" /tmp/device_models
 export PYTHONUNBUFFERED=1
 START=$(date +%s)
@@ -43,6 +46,11 @@ from ggflow.backends_builtin.vulkan.device import get_device, list_devices
 print("devices:", list_devices())
 dev = get_device()
 print("chosen:", dev.info, "\nlimits:", dev.limits)
+props = dev.vk.vkGetPhysicalDeviceMemoryProperties(dev.physical)
+print("memory types (flags, heap):", [(hex(props.memoryTypes[i].propertyFlags), props.memoryTypes[i].heapIndex)
+                                      for i in range(props.memoryTypeCount)])
+print("heaps (MiB, flags):", [(props.memoryHeaps[i].size >> 20, hex(props.memoryHeaps[i].flags))
+                              for i in range(props.memoryHeapCount)])
 EOF
 
 for spec in $MODELS; do   # CPU work, beside the GPU steps
@@ -54,22 +62,32 @@ done > /tmp/device_models/make.sh
 (timeout 300 bash -e /tmp/device_models/make.sh > "$OUT/models.log" 2>&1; echo "models rc=$?" >> "$OUT/models.log") &
 MAKER=$!
 
-step "bench_vulkan.py: 4096 x 4096 weights, matvec and mm64"
-run 60 python3 benchmarks/bench_vulkan.py --repeats 20
-step "bench_vulkan.py: 16384 x 8192 weights, matvec and mm512"
-run 60 python3 benchmarks/bench_vulkan.py --types F16 Q4_0 Q8_0 Q4_K Q6_K --rows 16384 --k 8192 --batch 512 --repeats 10
+if want kernels; then
+    step "bench_vulkan.py: 4096 x 4096 weights, matvec and mm64"
+    run 60 python3 benchmarks/bench_vulkan.py --repeats 20
+    step "bench_vulkan.py: 16384 x 8192 weights, matvec and mm512"
+    run 60 python3 benchmarks/bench_vulkan.py --types F16 Q4_0 Q8_0 Q4_K Q6_K --rows 16384 --k 8192 --batch 512 \
+        --repeats 10
+fi
 
-step "the Vulkan tests"
-XDIST=""; python3 -c "import xdist" 2>/dev/null && XDIST="-n 8"
-run 200 python3 -m pytest -q $XDIST -p no:cacheprovider tests/test_vulkan_backend.py tests/test_vulkan_matmul.py \
-    tests/test_vulkan_ops.py tests/test_vulkan_models.py > "$OUT/tests.log" 2>&1
-tail -30 "$OUT/tests.log"
+if want tests; then
+    step "the Vulkan tests"
+    XDIST=""; python3 -c "import xdist" 2>/dev/null && XDIST="-n 8"
+    run 200 python3 -m pytest -q $XDIST -p no:cacheprovider tests/test_vulkan_backend.py tests/test_vulkan_matmul.py \
+        tests/test_vulkan_ops.py tests/test_vulkan_models.py > "$OUT/tests.log" 2>&1
+    tail -30 "$OUT/tests.log"
+fi
 
 step "models"
 wait $MAKER; cat "$OUT/models.log"
 for spec in $MODELS; do
     model=/tmp/device_models/${spec%%:*}-${spec##*:}.gguf
     [ -f "$model" ] || { echo "!! $model was not made"; continue; }
+    if want step; then
+        step "a Vulkan decode step of $model, taken apart"
+        run 60 python3 benchmarks/bench_vulkan_step.py "$model" --steps 64
+    fi
+    want bench || continue
     step "ggflow bench $model: vulkan"
     run 90 python3 -m ggflow.cli bench -m "$model" -p 64 -n 32 -r 3 --backend vulkan
     run 90 python3 -m ggflow.cli bench -m "$model" -p 512 -n 0 -r 3 --backend vulkan
@@ -78,7 +96,7 @@ for spec in $MODELS; do
 done
 
 spec=${MODELS%% *}; model=/tmp/device_models/${spec%%:*}-${spec##*:}.gguf
-if [ -f "$model" ]; then
+if [ -f "$model" ] && want bench; then
     step "where a Vulkan decode step's time goes (cProfile, tg64)"
     run 60 python3 -m cProfile -s tottime -m ggflow.cli bench -m "$model" -p 0 -n 64 -r 2 --backend vulkan \
         > "$OUT/profile_decode.txt" 2>&1

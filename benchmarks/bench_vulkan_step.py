@@ -1,0 +1,144 @@
+"""Where a Vulkan decode step's time goes: the plan's replay (submit + GPU + wait), staging transfers, and
+the host's Python around them.
+
+    python benchmarks/bench_vulkan_step.py MODEL.gguf [--steps 64] [--staged]
+
+Decodes a 32-token prompt, then times --steps single-token steps (after 8 warm-up steps), with the
+device calls counted and timed by wrapping them: VulkanPlan.__call__ (one submit of the recorded
+command buffer and the fence wait: the GPU's share), Staging transfers (a submit each, where device
+memory is not host-visible), and everything else (the scheduler, inputs, logits). Also the cost of one
+empty submit-and-wait, the dispatches a step records, and the GPU's time per kind of dispatch (the step's
+dispatches recorded again with a timestamp after each: kernel plus barrier). --staged forces the staging path
+(DeviceBuffer.map_when_possible off) to show on an integrated GPU or lavapipe what a discrete GPU does.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from ggflow.backends_builtin.vulkan import buffers, plan
+from ggflow.backends_builtin.vulkan.device import VulkanDevice, get_device
+from ggflow.backends_builtin.vulkan.pipelines import PUSH_CONSTANT_BYTES
+from ggflow.core.batch import Batch
+from ggflow.core.context import Context
+from ggflow.core.model import Model
+
+SPENT: dict[str, list[float]] = defaultdict(list)
+
+
+def timed(name: str, fn):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            SPENT[name].append(time.perf_counter() - t0)
+    return wrapper
+
+
+def gpu_times_by_kind(device: VulkanDevice, plans: list[plan.VulkanPlan], repeats: int = 5) -> dict[str, float]:
+    """Seconds of GPU time per pipeline name over one replay of the plans (median of repeats): each
+    dispatch recorded as the plan records it, then a timestamp once it is done."""
+    vk = device.vk
+    props = vk.vkGetPhysicalDeviceProperties(device.physical)
+    tick = float(props.limits.timestampPeriod) * 1e-9
+    dispatches = [(p, i, d) for p in plans for i, d in enumerate(p.dispatches)]
+    pool = vk.vkCreateQueryPool(device.handle, vk.VkQueryPoolCreateInfo(
+        queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=len(dispatches) + 1), None)
+    compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+    between = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+                                 dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+
+    def record(cmd) -> None:
+        vk.vkCmdResetQueryPool(cmd, pool, 0, len(dispatches) + 1)
+        vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 0)
+        for q, (p, i, d) in enumerate(dispatches, 1):
+            vk.vkCmdPipelineBarrier(cmd, compute, compute, 0, 1, [between], 0, None, 0, None)
+            vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline.handle)
+            vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline.layout, 0, 1,
+                                       [p.descriptors.sets[i]], 0, None)
+            push = d.push.ljust(PUSH_CONSTANT_BYTES, b"\0")
+            vk.vkCmdPushConstants(cmd, d.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push),
+                                  vk.ffi.new("char[]", push))
+            vk.vkCmdDispatch(cmd, *d.groups)
+            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, q)
+
+    runs = []
+    try:
+        for _ in range(repeats):
+            device.run_once(record)
+            data = vk.ffi.new("uint64_t[]", len(dispatches) + 1)
+            vk.vkGetQueryPoolResults(device.handle, pool, 0, len(dispatches) + 1, 8 * (len(dispatches) + 1),
+                                     data, 8, vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+            stamps = np.frombuffer(vk.ffi.buffer(data), np.uint64).astype(np.float64) * tick
+            runs.append(np.diff(stamps))
+    finally:
+        vk.vkDestroyQueryPool(device.handle, pool, None)
+    per_dispatch = np.median(np.array(runs), axis=0)
+    by_kind: dict[str, float] = defaultdict(float)
+    for (_, _, d), seconds in zip(dispatches, per_dispatch):
+        by_kind[d.pipeline.name] += float(seconds)
+    return dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--staged", action="store_true")
+    args = parser.parse_args()
+    if args.staged:
+        buffers.DeviceBuffer.map_when_possible = False
+    device = get_device()
+    ctx = Context(Model.load(args.model), n_ctx=512, backends=["vulkan"])
+    prompt = list(range(10, 42))
+    ctx.decode(Batch.from_tokens(prompt))
+    pos = len(prompt)
+    for _ in range(8):
+        ctx.decode(Batch.from_tokens([7], pos0=pos))
+        pos += 1
+    plan.VulkanPlan.__call__ = timed("plan replay", plan.VulkanPlan.__call__)
+    buffers.Staging._copy = timed("staging copy", buffers.Staging._copy)
+    steps = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        ctx.decode(Batch.from_tokens([7], pos0=pos))
+        ctx.get_logits()
+        steps.append(time.perf_counter() - t0)
+        pos += 1
+    empty = []
+    for _ in range(32):
+        t0 = time.perf_counter()
+        device.run_once(lambda cmd: None)
+        empty.append(time.perf_counter() - t0)
+    plans = [s.plan for s in ctx.scheduler.splits if s.backend.name == "vulkan" and s.plan is not None]
+    dispatches = sum(len(p) for p in plans)
+    n = args.steps
+    step = float(np.median(steps)) * 1e3
+    print(f"device: {device.info.name}; model {args.model.name}; {'staged' if args.staged else 'mapped when possible'}")
+    print(f"decode step: median {step:.3f} ms ({1e3 / step:.1f} tok/s), {dispatches} dispatches recorded")
+    accounted = 0.0
+    for name, times in SPENT.items():
+        per_step = sum(times) / n * 1e3
+        accounted += per_step
+        print(f"  {name:>13}: {len(times) / n:5.1f} a step, {per_step:.3f} ms a step "
+              f"(median {np.median(times) * 1e3:.3f} ms each)")
+    print(f"  {'the rest':>13}: {float(np.mean(steps)) * 1e3 - accounted:.3f} ms a step (host Python)")
+    print(f"empty submit + wait: median {np.median(empty) * 1e3:.3f} ms")
+    kinds = gpu_times_by_kind(device, plans)
+    counts: dict[str, int] = defaultdict(int)
+    for p in plans:
+        for d in p.dispatches:
+            counts[d.pipeline.name] += 1
+    print(f"GPU time of the step's dispatches, timestamped one by one: {sum(kinds.values()) * 1e3:.3f} ms")
+    for name, seconds in kinds.items():
+        print(f"  {name:>24}: {counts[name]:4d} dispatches, {seconds * 1e3:7.3f} ms "
+              f"({seconds / counts[name] * 1e6:6.1f} us each)")
+
+
+if __name__ == "__main__":
+    main()
