@@ -81,6 +81,18 @@ def test_priority_is_above_the_cpu_only_on_a_gpu(monkeypatch, kind, priority):
     assert VulkanBackend().priority == priority
 
 
+# memory types (flags, heap) and heap sizes as drivers report them
+H200 = ([(0x0, 1), (0x1, 0), (0x6, 1), (0xE, 1), (0x7, 0)], [143771 << 20, 96651 << 20])   # NVIDIA, resizable BAR
+BAR_256M = ([(0x0, 1), (0x1, 0), (0x6, 1), (0xE, 1), (0x7, 2)], [24 << 30, 64 << 30, 256 << 20])
+LAVAPIPE = ([(0xF, 0)], [2 << 30])
+
+
+@pytest.mark.parametrize("table, mappable", [(H200, True), (BAR_256M, False), (LAVAPIPE, True),
+                                             (([(0x6, 0)], [8 << 30]), False)])
+def test_device_memory_is_mapped_only_where_all_of_it_can_be(table, mappable):
+    assert device_mod.all_device_memory_mappable(*table) is mappable
+
+
 def test_weights_are_packed_into_buffers_of_bounded_size():
     tensors = [Tensor("F32", (n,)) for n in (100, 30, 64, 10)]
     groups = weights_mod.pack(tensors, limit=512)

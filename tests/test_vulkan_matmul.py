@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ggflow.backends_builtin.vulkan.buffers import DeviceBuffer
+from ggflow.backends_builtin.vulkan.buffers import DeviceBuffer, Staging, staging_for
 from ggflow.core import ops
 from ggflow.core.quants import dequantize, quantize
 from tests.vulkan_harness import assert_close, on_vulkan_and_cpu, requires_vulkan, vulkan, weight
@@ -165,8 +165,22 @@ def test_row_ops_split_their_grid_and_windows(small_device_limits):
         assert_close(got, want, REL)
 
 
+def test_uncached_mapped_memory_is_read_through_staging(monkeypatch):
+    """A discrete GPU's mapped memory (resizable BAR) is written in place but read through a staging copy."""
+    buf = vulkan().alloc_buffer(3000)
+    assert buf.is_mapped
+    monkeypatch.setattr(buf.allocation, "host_cached", False)
+    downloads = []
+    staging = staging_for(buf.device)
+    monkeypatch.setattr(staging, "download", lambda *args: downloads.append(args) or Staging.download(staging, *args))
+    data = rng.integers(0, 256, 1000, dtype=np.uint8)
+    buf.write(1001, data)
+    assert (buf.read(1001, 1000) == data).all()
+    assert len(downloads) == 1
+
+
 def test_results_are_the_same_through_staging_buffers(monkeypatch):
-    """Discrete GPUs can't map device memory: transfers then go through a staging buffer."""
+    """Discrete GPUs without resizable BAR can't map device memory: transfers go through a staging buffer."""
     monkeypatch.setattr(DeviceBuffer, "map_when_possible", False)
     buf = vulkan().alloc_buffer(3000)
     assert not buf.is_mapped

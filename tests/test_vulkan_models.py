@@ -135,9 +135,15 @@ def test_greedy_decoding_matches_llamacpp(name):
         assert ctx.decode(Batch.from_tokens([tok], pos0=len(prompt) + i)) == DECODE_OK
         logits.append(ctx.get_logits()[-1].copy())
     expected = np.load(SHARED / f"{name}.llamacpp.gen_logits.npy")
-    rel = np.abs(np.array(logits) - expected).max() / np.abs(expected).max()
+    logits = np.array(logits)
+    rel = np.abs(logits - expected).max() / np.abs(expected).max()
     assert rel < (1e-3 if name.endswith("f32") else 5e-2)
-    assert (np.argmax(logits, axis=1) == np.array(greedy)).all()
+    # As on the CPU (tests/test_e2e_llamacpp): where llama.cpp's top two were further apart than our error, the
+    # same token (an H200 picked the runner-up where tiny-qwen2-hs-q8_0's top two are 0.4% apart)
+    margin = np.sort(expected, axis=1)[:, -1] - np.sort(expected, axis=1)[:, -2]
+    decisive = margin > 2 * np.abs(logits - expected).max()
+    assert decisive.sum() >= len(greedy) // 2
+    assert (np.argmax(logits, axis=1) == np.array(greedy))[decisive].all()
     assert {s.backend.name for s in ctx.scheduler.splits} == {"vulkan"}
 
 

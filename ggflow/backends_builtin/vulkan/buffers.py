@@ -41,6 +41,7 @@ class Allocation:
         flags = device.memory_types[type_index]
         host = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
         self.mapped: np.ndarray | None = None
+        self.host_cached = bool(flags & vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
         if map_it and flags & host == host:
             self.mapped = np.frombuffer(vk.vkMapMemory(device.handle, self.memory, 0, size, 0), dtype=np.uint8)
         self._finalizer = weakref.finalize(self, _release, device, self.buffer, self.memory)
@@ -126,8 +127,10 @@ class DeviceBuffer(Buffer):
         usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
                  | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
         self.device, self.size, self.backend_name = device, int(size), backend_name
-        self.allocation = Allocation(device, max(self.size, 16), vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0,
-                                     usage, self.map_when_possible)
+        mappable = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+        self.allocation = Allocation(device, max(self.size, 16), vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT,
+                                     mappable if device.mappable_device_memory else 0, usage,
+                                     self.map_when_possible)
 
     @property
     def handle(self) -> Any:
@@ -157,8 +160,10 @@ class DeviceBuffer(Buffer):
         if nbytes == 0:
             return np.empty(0, dtype=np.uint8)
         with self.device.lock:
-            if self.allocation.mapped is not None:
+            if self.allocation.mapped is not None and self.allocation.host_cached:
                 return self.allocation.mapped[offset:offset + nbytes].copy()
+            # Uncached (a discrete GPU's BAR): the host would read it a bus transaction at a time; a copy into
+            # cached staging memory is faster.
             return staging_for(self.device).download(self.allocation, offset, nbytes)
 
     def __repr__(self) -> str:

@@ -95,6 +95,23 @@ def choose(infos: list[DeviceInfo], env: str | None) -> DeviceInfo:
     return min(infos, key=lambda i: (PREFERENCE[i.kind], i.index))
 
 
+DEVICE_LOCAL, HOST_VISIBLE, HOST_COHERENT, HOST_CACHED = 0x1, 0x2, 0x4, 0x8   # VkMemoryPropertyFlagBits
+
+
+def all_device_memory_mappable(types: list[tuple[int, int]], heap_sizes: list[int]) -> bool:
+    """Whether a device-local, host-visible, coherent memory type lives on the largest device-local heap:
+    resizable BAR on a discrete GPU (an H200's is its whole 140 GB), or a unified-memory device. Then
+    every buffer can be mapped, and the host writes inputs in place instead of through a staging copy (a
+    submit and a wait each). Without resizable BAR such a type sits on a separate 256 MiB heap, too small
+    to hold a model's buffers, and is left alone."""
+    local = [heap for flags, heap in types if flags & DEVICE_LOCAL]
+    if not local:
+        return False
+    largest = max(local, key=lambda heap: heap_sizes[heap])
+    mappable = DEVICE_LOCAL | HOST_VISIBLE | HOST_COHERENT
+    return any(flags & mappable == mappable and heap == largest for flags, heap in types)
+
+
 class VulkanDevice:
     """A logical device with one compute queue, a command pool and a fence. Thread-safe submits."""
 
@@ -108,7 +125,7 @@ class VulkanDevice:
         self.command_pool = vk.vkCreateCommandPool(self.handle, vk.VkCommandPoolCreateInfo(
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue_family), None)
         self.fence = vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(), None)
-        self.memory_types = self._memory_types()
+        self.memory_types, self.mappable_device_memory = self._memory_types()
         self.lock = threading.RLock()
         self._fence_array = vk.ffi.new("VkFence[1]", [self.fence])
 
@@ -170,9 +187,13 @@ class VulkanDevice:
         except Exception as exc:
             raise VulkanUnavailable(f"{self.info.name}: creating the device failed ({type(exc).__name__})") from None
 
-    def _memory_types(self) -> list[int]:
+    def _memory_types(self) -> tuple[list[int], bool]:
+        """Each memory type's flags, and whether all of the device's memory can be mapped (see below)."""
         props = self.vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
-        return [int(props.memoryTypes[i].propertyFlags) for i in range(props.memoryTypeCount)]
+        types = [(int(props.memoryTypes[i].propertyFlags), int(props.memoryTypes[i].heapIndex))
+                 for i in range(props.memoryTypeCount)]
+        heaps = [int(props.memoryHeaps[i].size) for i in range(props.memoryHeapCount)]
+        return [flags for flags, _ in types], all_device_memory_mappable(types, heaps)
 
     def memory_type(self, allowed_bits: int, wanted: int, preferred: int = 0) -> int:
         """Index of a memory type allowed by ``allowed_bits`` with all ``wanted`` flags (and, if one

@@ -3,6 +3,7 @@
 // with freq_factors and YaRN, as ggml computes it (see ggflow's CPU kernels_rope.py).
 // One workgroup per (head, token); thread t turns pair t, or copies two channels past n_dims.
 #include "common.glsl"
+#include "exact.glsl"
 
 layout(local_size_x = 64) in;
 layout(binding = 0) readonly buffer A { A_TYPE a[]; };
@@ -47,11 +48,14 @@ void main() {
         for (uint j = 0; j < k; ++j) {
             theta = theta * p.theta_scale;
         }
-        const float extrap = p.has_ff != 0 ? theta / ff[p.ff_off + k] : theta;
+        // divisions correctly rounded (div_rn) as the CPU's: at position 2000 an ulp of the angle moves the
+        // result by 1e-4 of |x|, and NVIDIA's division can be ulps off
+        const float extrap = p.has_ff != 0 ? div_rn(theta, ff[p.ff_off + k]) : theta;
         const float interp = p.freq_scale * extrap;
         float angle = interp, mscale = p.attn_factor;
         if (p.ext_factor != 0.0) {
-            const float ramp = 1.0 - min(1.0, max(0.0, (float(k) - p.corr_low) / max(0.001, p.corr_high - p.corr_low)));
+            const float ramp = 1.0 - min(1.0, max(0.0, div_rn(float(k) - p.corr_low,
+                                                             max(0.001, p.corr_high - p.corr_low))));
             const float mix = ramp * p.ext_factor;
             angle = interp * (1.0 - mix) + extrap * mix;
             mscale = p.yarn_mscale;
