@@ -1,7 +1,7 @@
 """Where a Vulkan decode step's time goes: the plan's replay (submit + GPU + wait), staging transfers, and
 the host's Python around them.
 
-    python benchmarks/bench_vulkan_step.py MODEL.gguf [--steps 64] [--staged]
+    python benchmarks/bench_vulkan_step.py MODEL.gguf [--steps 64] [--staged] [--every-barrier] [--no-fuse]
 
 Decodes a 32-token prompt, then times --steps single-token steps (after 8 warm-up steps), with the
 device calls counted and timed by wrapping them: VulkanPlan.__call__ (one submit of the recorded
@@ -9,7 +9,9 @@ command buffer and the fence wait: the GPU's share), Staging transfers (a submit
 memory is not host-visible), and everything else (the scheduler, inputs, logits). Also the cost of one
 empty submit-and-wait, the dispatches a step records, and the GPU's time per kind of dispatch (the step's
 dispatches recorded again with a timestamp after each: kernel plus barrier). --staged forces the staging path
-(DeviceBuffer.map_when_possible off) to show on an integrated GPU or lavapipe what a discrete GPU does.
+(DeviceBuffer.map_when_possible off) to show on an integrated GPU or lavapipe what a discrete GPU without
+resizable BAR does; --every-barrier records a barrier before every dispatch (VulkanPlan.elide_barriers off);
+--no-fuse runs one dispatch per node (VulkanBackend.fuse off).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggflow.backends_builtin.vulkan import buffers, plan
+from ggflow.backends_builtin.vulkan import VulkanBackend, buffers, plan
 from ggflow.backends_builtin.vulkan.device import VulkanDevice, get_device
 from ggflow.backends_builtin.vulkan.pipelines import PUSH_CONSTANT_BYTES
 from ggflow.core.batch import Batch
@@ -90,9 +92,15 @@ def main() -> None:
     parser.add_argument("model", type=Path)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--staged", action="store_true")
+    parser.add_argument("--every-barrier", action="store_true")
+    parser.add_argument("--no-fuse", action="store_true")
     args = parser.parse_args()
+    if args.no_fuse:
+        VulkanBackend.fuse = False
     if args.staged:
         buffers.DeviceBuffer.map_when_possible = False
+    if args.every_barrier:
+        plan.VulkanPlan.elide_barriers = False
     device = get_device()
     ctx = Context(Model.load(args.model), n_ctx=512, backends=["vulkan"])
     prompt = list(range(10, 42))
@@ -116,11 +124,13 @@ def main() -> None:
         device.run_once(lambda cmd: None)
         empty.append(time.perf_counter() - t0)
     plans = [s.plan for s in ctx.scheduler.splits if s.backend.name == "vulkan" and s.plan is not None]
-    dispatches = sum(len(p) for p in plans)
+    dispatches, barriers = sum(len(p) for p in plans), sum(p.n_barriers for p in plans)
     n = args.steps
     step = float(np.median(steps)) * 1e3
-    print(f"device: {device.info.name}; model {args.model.name}; {'staged' if args.staged else 'mapped when possible'}")
-    print(f"decode step: median {step:.3f} ms ({1e3 / step:.1f} tok/s), {dispatches} dispatches recorded")
+    print(f"device: {device.info.name}; model {args.model.name}; {'staged' if args.staged else 'mapped when possible'}"
+          f"{'; every barrier' if args.every_barrier else ''}{'; unfused' if args.no_fuse else ''}")
+    print(f"decode step: median {step:.3f} ms ({1e3 / step:.1f} tok/s), {dispatches} dispatches and {barriers} "
+          "barriers recorded")
     accounted = 0.0
     for name, times in SPENT.items():
         per_step = sum(times) / n * 1e3

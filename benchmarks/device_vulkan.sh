@@ -73,8 +73,7 @@ fi
 if want tests; then
     step "the Vulkan tests"
     XDIST=""; python3 -c "import xdist" 2>/dev/null && XDIST="-n 8"
-    run 200 python3 -m pytest -q $XDIST -p no:cacheprovider tests/test_vulkan_backend.py tests/test_vulkan_matmul.py \
-        tests/test_vulkan_ops.py tests/test_vulkan_models.py > "$OUT/tests.log" 2>&1
+    run 200 python3 -m pytest -q $XDIST -p no:cacheprovider tests/test_vulkan_*.py > "$OUT/tests.log" 2>&1
     tail -30 "$OUT/tests.log"
 fi
 
@@ -86,6 +85,7 @@ for spec in $MODELS; do
     if want step; then
         step "a Vulkan decode step of $model, taken apart"
         run 60 python3 benchmarks/bench_vulkan_step.py "$model" --steps 64
+        run 60 python3 benchmarks/bench_vulkan_step.py "$model" --steps 64 --staged --every-barrier --no-fuse
     fi
     want bench || continue
     step "ggflow bench $model: vulkan"

@@ -37,6 +37,9 @@ def variants() -> dict[str, tuple[str, dict[str, str]]]:
                                                               "D_TYPE": FLOATS[d], **D_F16[d]})
     out["norm_rms"] = ("norm.comp", {"RMS": "1"})
     out["norm_layer"] = ("norm.comp", {})
+    out["norm_rms_mul"] = ("norm_fused.comp", {})                     # chains fusion.py runs as one dispatch
+    out["add_norm_rms_mul"] = ("norm_fused.comp", {"ADD_FIRST": "1"})
+    out["silu_mul"] = ("silu_mul.comp", {})
     out["soft_max_f32"] = ("soft_max.comp", {"M_TYPE": "float"})
     out["soft_max_f16"] = ("soft_max.comp", {"M_TYPE": "float16_t"})
     for mode in ("normal", "neox"):

@@ -1,7 +1,7 @@
 """VulkanBackend: runs graph nodes as Vulkan compute shaders on a GPU (or on Mesa's lavapipe).
 
-compile() turns a split's nodes into dispatches once (kernels.py, dispatch.py) and records them into a
-command buffer (plan.py); every reuse of the graph replays it with one submit. Ops, types or layouts the
+compile() turns a split's nodes into dispatches once (kernels.py, dispatch.py; chains of them into one,
+fusion.py) and records them into a command buffer (plan.py); every reuse of the graph replays it with one submit. Ops, types or layouts the
 shaders don't cover are refused in supports_op, so the scheduler runs those nodes on the CPU.
 
 Priority (per instance, from the device found): a real GPU outranks the CPU backend; a CPU driver
@@ -15,6 +15,7 @@ from typing import ClassVar, Mapping, Sequence
 from ggflow.backends_builtin.vulkan.buffers import DeviceBuffer
 from ggflow.backends_builtin.vulkan.device import VulkanDevice, VulkanUnavailable, get_device
 from ggflow.backends_builtin.vulkan.dispatch import fit
+from ggflow.backends_builtin.vulkan.fusion import fused_works
 from ggflow.backends_builtin.vulkan.kernels import BuildContext, OpKernel, addressable, all_kernels, row_fits
 from ggflow.backends_builtin.vulkan.pipelines import pipelines_for
 from ggflow.backends_builtin.vulkan.plan import VulkanPlan
@@ -37,6 +38,7 @@ class VulkanBackend(Backend):
     alignment: ClassVar[int] = 256   # the largest minStorageBufferOffsetAlignment Vulkan allows
     description: ClassVar[str] = "Vulkan compute shaders (GPUs; Mesa's lavapipe on CPUs)"
     priority: int = GPU_PRIORITY     # an instance on a CPU driver lowers its own (device_priority)
+    fuse: bool = True                # run fusion.py's chains as one dispatch (tests and benchmarks turn it off)
 
     def __init__(self, options: BackendOptions = BackendOptions()) -> None:
         super().__init__(options)
@@ -85,7 +87,13 @@ class VulkanBackend(Backend):
                 raise BackendError(f"the vulkan backend cannot run {node!r} (op {node.op!r}, "
                                    f"types {[s.type.name for s in node.src]} -> {node.type.name})")
         ctx = BuildContext(self.device, self.pipelines, substitutes or {}, scratch=self._scratch_for(runnable))
-        works = [w for node in runnable for w in self.kernels[node.op].build(node, ctx)]
+        works, i = [], 0
+        while i < len(runnable):
+            fused = fused_works(runnable, i, ctx) if self.fuse else None
+            if fused is None:
+                fused = self.kernels[runnable[i].op].build(runnable[i], ctx), 1
+            works += fused[0]
+            i += fused[1]
         dispatches = [d for w in works for d in fit(w, self.device.limits)]
         return VulkanPlan(self.device, dispatches, keep_alive=[ctx.scratch] if ctx.scratch else [])
 

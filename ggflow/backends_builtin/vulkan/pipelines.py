@@ -2,7 +2,8 @@
 
 Every shader here binds storage buffers 0..n-1 in set 0 and takes at most 128 bytes of push constants
 (the least every Vulkan device offers). The binding count is read from the SPIR-V itself, so adding a
-shader is adding its .comp file and compiling it (scripts/compile_shaders.py): no table to update.
+shader is adding its .comp file and compiling it (scripts/compile_shaders.py): no table to update. So are
+the bindings a shader may write (those not declared ``readonly``), which plans use to place barriers.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from ggflow.errors import BackendError
 SHADER_DIR = Path(__file__).resolve().parent / "shaders"
 PUSH_CONSTANT_BYTES = 128
 SPIRV_MAGIC = 0x07230203
-OP_DECORATE, DECORATION_BINDING = 71, 33
+OP_TYPE_STRUCT, OP_TYPE_POINTER, OP_VARIABLE, OP_DECORATE, OP_MEMBER_DECORATE = 30, 32, 59, 71, 72
+DECORATION_NON_WRITABLE, DECORATION_BINDING = 24, 33
 
 
 def spirv_words(path: Path) -> tuple[int, ...]:
@@ -32,19 +34,53 @@ def spirv_words(path: Path) -> tuple[int, ...]:
 
 def binding_count(words: tuple[int, ...]) -> int:
     """1 + the highest ``layout(binding = N)`` the module declares."""
-    highest, i = -1, 5  # the header is 5 words
+    return 1 + max((ops[2] for opcode, ops in instructions(words)
+                    if opcode == OP_DECORATE and len(ops) >= 3 and ops[1] == DECORATION_BINDING), default=-1)
+
+
+def instructions(words: tuple[int, ...]):
+    """(opcode, operands) of each instruction after the 5-word header."""
+    i = 5
     while i < len(words):
         opcode, length = words[i] & 0xFFFF, words[i] >> 16
-        if opcode == OP_DECORATE and length >= 4 and words[i + 2] == DECORATION_BINDING:
-            highest = max(highest, words[i + 3])
+        yield opcode, words[i + 1:i + max(length, 1)]
         i += max(length, 1)
-    return highest + 1
+
+
+def written_bindings(words: tuple[int, ...]) -> frozenset[int]:
+    """The bindings the shader may write: all but those whose variable, or every member of whose block,
+    is NonWritable (GLSL's ``readonly``)."""
+    binding_of, readonly_vars, pointee, block_of = {}, set(), {}, {}
+    members: dict[int, int] = {}
+    readonly_members: dict[int, set[int]] = {}
+    for opcode, ops in instructions(words):
+        if opcode == OP_DECORATE and ops[1] == DECORATION_BINDING:
+            binding_of[ops[0]] = ops[2]
+        elif opcode == OP_DECORATE and ops[1] == DECORATION_NON_WRITABLE:
+            readonly_vars.add(ops[0])
+        elif opcode == OP_MEMBER_DECORATE and ops[2] == DECORATION_NON_WRITABLE:
+            readonly_members.setdefault(ops[0], set()).add(ops[1])
+        elif opcode == OP_TYPE_STRUCT:
+            members[ops[0]] = len(ops) - 1
+        elif opcode == OP_TYPE_POINTER:
+            pointee[ops[0]] = ops[2]
+        elif opcode == OP_VARIABLE:
+            block_of[ops[1]] = pointee.get(ops[0])
+    written = set()
+    for var, binding in binding_of.items():
+        block = block_of.get(var)
+        readonly = var in readonly_vars or (block in members and
+                                            len(readonly_members.get(block, ())) == members[block])
+        if not readonly:
+            written.add(binding)
+    return frozenset(written)
 
 
 @dataclass(eq=False)
 class Pipeline:
     name: str
     n_bindings: int
+    writes: frozenset[int]   # bindings the shader may write
     handle: Any
     layout: Any
     set_layout: Any
@@ -73,7 +109,8 @@ class PipelineCache:
         if not path.is_file():
             raise BackendError(f"vulkan: shader {name!r} is missing ({path}); run scripts/compile_shaders.py")
         code = path.read_bytes()
-        n_bindings = binding_count(spirv_words(path))
+        words = spirv_words(path)
+        n_bindings = binding_count(words)
         module = vk.vkCreateShaderModule(dev, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
         bindings = [vk.VkDescriptorSetLayoutBinding(
             binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
@@ -87,7 +124,7 @@ class PipelineCache:
         handle = vk.vkCreateComputePipelines(dev, None, 1, [vk.VkComputePipelineCreateInfo(
             stage=stage, layout=layout)], None)[0]
         vk.vkDestroyShaderModule(dev, module, None)
-        return Pipeline(name, n_bindings, handle, layout, set_layout)
+        return Pipeline(name, n_bindings, written_bindings(words), handle, layout, set_layout)
 
 
 _caches: dict[int, PipelineCache] = {}
