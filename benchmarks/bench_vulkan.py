@@ -3,10 +3,13 @@
     python benchmarks/bench_vulkan.py [--types Q4_0 Q4_K ...] [--rows 4096] [--k 4096] [--batch 64]
     GGFLOW_VULKAN_DEVICE=1 python benchmarks/bench_vulkan.py      # another device
 
-For every weight type: a matvec (1 column: decode) and a tiled matmul (--batch columns: a prompt),
-timed as a compiled plan is replayed (one submit and fence wait each, as a decode step does), in GB/s of
-the weight's GGUF bytes and GFLOP/s (2 * n * rows * k / time). Whole-model speed is `ggflow bench
---backend vulkan`. On lavapipe (Mesa's CPU driver) these are software-driver figures, far from a GPU's.
+For every weight type: a matvec (1 column: decode) and a tiled matmul (--batch columns: a prompt), in
+GB/s of the weight's GGUF bytes and GFLOP/s (2 * n * rows * k / time), the time being the GPU's (its
+dispatches timestamped, vulkan_timestamps.py: the activations' rounding pass included); the last column
+is a replay of the compiled plan timed from the host (one submit and fence wait, as a decode step does).
+"F16 inline" is F16 with b rounded as the kernel reads it (ops_matmul.PREROUND_F16_WEIGHTS off). Whole-model
+speed is `ggflow bench --backend vulkan`. On lavapipe (Mesa's CPU driver) these are software-driver
+figures, far from a GPU's.
 """
 from __future__ import annotations
 
@@ -17,11 +20,13 @@ import numpy as np
 
 import ggflow
 from ggflow.backends_builtin.cpu import CPUBackend
-from ggflow.backends_builtin.vulkan import VulkanBackend
+from ggflow.backends_builtin.vulkan import VulkanBackend, ops_matmul
 from ggflow.core import ops
 from ggflow.core.graph import Graph
 from ggflow.core.scheduler import Scheduler
+from ggflow.core.tensor import TensorFlag
 from ggflow.core.types import type_traits
+from vulkan_timestamps import gpu_seconds_per_dispatch
 
 ALL_TYPES = ["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
@@ -43,23 +48,28 @@ def plan_for(backend: VulkanBackend, outputs, inputs: dict) -> tuple[Scheduler, 
     return sched, graph
 
 
-def seconds(sched: Scheduler, graph: Graph, repeats: int) -> float:
+def seconds(sched: Scheduler, graph: Graph, repeats: int) -> tuple[float, float]:
+    """(GPU seconds of the plan's dispatches, host seconds of a replay), medians."""
     sched.compute(graph)   # warm-up: pipelines compile on first use
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         sched.compute(graph)
         times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    plans = [s.plan for s in sched.splits if s.plan is not None]
+    gpu = sum(t for _, t in gpu_seconds_per_dispatch(sched.splits[0].backend.device, plans, repeats))
+    return gpu, float(np.median(times))
 
 
-def bench_matmul(backend, w_type: str, rows: int, k: int, n: int, repeats: int, rng) -> tuple[float, float]:
+def bench_matmul(backend, w_type: str, rows: int, k: int, n: int, repeats: int, rng):
+    """GB/s and GFLOP/s on the GPU's time, and the host's time of a replay in us."""
     w = ops.new_input(type_traits(w_type), (k, rows), "w")
+    w.flags |= TensorFlag.PARAM   # a model's weight (F16 weights then round b ahead)
     x = ops.new_input("F32", (k, n), "x")
     sched, graph = plan_for(backend, [ops.mul_mat(w, x)], {w: weight_bytes(w_type, rows, k, rng),
                                                            x: rng.standard_normal((n, k)).astype(np.float32)})
-    dt = seconds(sched, graph, repeats)
-    return w.nbytes / dt / 1e9, 2 * n * rows * k / dt / 1e9
+    gpu, wall = seconds(sched, graph, repeats)
+    return w.nbytes / gpu / 1e9, 2 * n * rows * k / gpu / 1e9, wall * 1e6
 
 
 def main() -> None:
@@ -73,16 +83,20 @@ def main() -> None:
     backend = VulkanBackend()
     rng = np.random.default_rng(0)
     print(f"device: {backend.device.info.name} ({backend.device.info.kind}); {args.rows} x {args.k} weights")
-    print(f"| {'type':>5} | {'matvec GB/s':>11} | {'matvec GFLOP/s':>14} | {f'mm{args.batch} GFLOP/s':>14} |")
-    print(f"| {'-' * 5} | {'-' * 11} | {'-' * 14} | {'-' * 14} |")
-    for w_type in args.types:
-        gbs, vec_flops = bench_matmul(backend, w_type, args.rows, args.k, 1, args.repeats, rng)
-        _, mm_flops = bench_matmul(backend, w_type, args.rows, args.k, args.batch, args.repeats, rng)
-        print(f"| {w_type:>5} | {gbs:11.2f} | {vec_flops:14.2f} | {mm_flops:14.2f} |")
+    print(f"| {'type':>10} | {'matvec GB/s':>11} | {'matvec GFLOP/s':>14} | {f'mm{args.batch} GFLOP/s':>14} "
+          f"| {'matvec replay us':>16} |")
+    print(f"| {'-' * 10} | {'-' * 11} | {'-' * 14} | {'-' * 14} | {'-' * 16} |")
+    rows = [(t, t) for t in args.types] + ([("F16 inline", "F16")] if "F16" in args.types else [])
+    for label, w_type in rows:
+        ops_matmul.PREROUND_F16_WEIGHTS = label != "F16 inline"
+        gbs, vec_flops, wall = bench_matmul(backend, w_type, args.rows, args.k, 1, args.repeats, rng)
+        _, mm_flops, _ = bench_matmul(backend, w_type, args.rows, args.k, args.batch, args.repeats, rng)
+        print(f"| {label:>10} | {gbs:11.2f} | {vec_flops:14.2f} | {mm_flops:14.2f} | {wall:16.1f} |")
+    ops_matmul.PREROUND_F16_WEIGHTS = True
     n = args.rows * args.k
     a = ops.new_input("F32", (args.k, args.rows), "a")
     sched, graph = plan_for(backend, [ops.silu(a)], {a: rng.standard_normal(n).astype(np.float32)})
-    print(f"silu over {n} floats: {n * 8 / seconds(sched, graph, args.repeats) / 1e9:.2f} GB/s (read + write)")
+    print(f"silu over {n} floats: {n * 8 / seconds(sched, graph, args.repeats)[0] / 1e9:.2f} GB/s (read + write)")
 
 
 if __name__ == "__main__":

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from ggflow.backends_builtin.vulkan import VulkanBackend, buffers, plan
-from ggflow.backends_builtin.vulkan.device import VulkanDevice, get_device
-from ggflow.backends_builtin.vulkan.pipelines import PUSH_CONSTANT_BYTES
+from ggflow.backends_builtin.vulkan.device import get_device
 from ggflow.core.batch import Batch
 from ggflow.core.context import Context
 from ggflow.core.model import Model
+from vulkan_timestamps import gpu_seconds_per_dispatch
 
 SPENT: dict[str, list[float]] = defaultdict(list)
 
@@ -42,48 +42,11 @@ def timed(name: str, fn):
     return wrapper
 
 
-def gpu_times_by_kind(device: VulkanDevice, plans: list[plan.VulkanPlan], repeats: int = 5) -> dict[str, float]:
-    """Seconds of GPU time per pipeline name over one replay of the plans (median of repeats): each
-    dispatch recorded as the plan records it, then a timestamp once it is done."""
-    vk = device.vk
-    props = vk.vkGetPhysicalDeviceProperties(device.physical)
-    tick = float(props.limits.timestampPeriod) * 1e-9
-    dispatches = [(p, i, d) for p in plans for i, d in enumerate(p.dispatches)]
-    pool = vk.vkCreateQueryPool(device.handle, vk.VkQueryPoolCreateInfo(
-        queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=len(dispatches) + 1), None)
-    compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
-    between = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
-                                 dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
-
-    def record(cmd) -> None:
-        vk.vkCmdResetQueryPool(cmd, pool, 0, len(dispatches) + 1)
-        vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 0)
-        for q, (p, i, d) in enumerate(dispatches, 1):
-            vk.vkCmdPipelineBarrier(cmd, compute, compute, 0, 1, [between], 0, None, 0, None)
-            vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline.handle)
-            vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline.layout, 0, 1,
-                                       [p.descriptors.sets[i]], 0, None)
-            push = d.push.ljust(PUSH_CONSTANT_BYTES, b"\0")
-            vk.vkCmdPushConstants(cmd, d.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push),
-                                  vk.ffi.new("char[]", push))
-            vk.vkCmdDispatch(cmd, *d.groups)
-            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, q)
-
-    runs = []
-    try:
-        for _ in range(repeats):
-            device.run_once(record)
-            data = vk.ffi.new("uint64_t[]", len(dispatches) + 1)
-            vk.vkGetQueryPoolResults(device.handle, pool, 0, len(dispatches) + 1, 8 * (len(dispatches) + 1),
-                                     data, 8, vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
-            stamps = np.frombuffer(vk.ffi.buffer(data), np.uint64).astype(np.float64) * tick
-            runs.append(np.diff(stamps))
-    finally:
-        vk.vkDestroyQueryPool(device.handle, pool, None)
-    per_dispatch = np.median(np.array(runs), axis=0)
+def gpu_times_by_kind(device, plans: list[plan.VulkanPlan]) -> dict[str, float]:
+    """Seconds of GPU time per pipeline name over one replay of the plans."""
     by_kind: dict[str, float] = defaultdict(float)
-    for (_, _, d), seconds in zip(dispatches, per_dispatch):
-        by_kind[d.pipeline.name] += float(seconds)
+    for d, seconds in gpu_seconds_per_dispatch(device, plans):
+        by_kind[d.pipeline.name] += seconds
     return dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
 
 

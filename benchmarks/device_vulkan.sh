@@ -4,7 +4,7 @@
 # shapes made there (the default model's 98 MB does not travel; make_shape_model.py + `ggflow quantize` do).
 #
 #   bash benchmarks/device_vulkan.sh OUTDIR        # every step has its own timeout; the whole run < 7 min
-#   PARTS="tests step" bash benchmarks/device_vulkan.sh OUTDIR    # some of: kernels tests bench step
+#   PARTS="tests step" bash benchmarks/device_vulkan.sh OUTDIR    # some of: kernels tests step bench cpu profile
 #
 # Runs anywhere with a Vulkan driver (lavapipe too: set MODELS="smollm2-135m:Q4_1" to keep it short). On a
 # bare machine it first unpacks what the caller carried: .gl/*.deb (the Vulkan loader, where ldconfig has
@@ -14,7 +14,7 @@ set -u
 OUT=${1:-${OUT:-/tmp/device_vulkan}}
 MODELS=${MODELS:-"smollm2-135m:Q4_1 tinyllama-1.1b:Q4_0"}
 CPU_THREADS=${CPU_THREADS:-8}
-PARTS=${PARTS:-"kernels tests bench step"}
+PARTS=${PARTS:-"kernels tests step bench cpu profile"}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 mkdir -p "$OUT" /tmp/device_models
 export PYTHONUNBUFFERED=1
@@ -84,19 +84,22 @@ for spec in $MODELS; do
     [ -f "$model" ] || { echo "!! $model was not made"; continue; }
     if want step; then
         step "a Vulkan decode step of $model, taken apart"
-        run 60 python3 benchmarks/bench_vulkan_step.py "$model" --steps 64
-        run 60 python3 benchmarks/bench_vulkan_step.py "$model" --steps 64 --staged --every-barrier --no-fuse
+        for variant in "" "--staged" "--every-barrier" "--no-fuse" "--staged --every-barrier --no-fuse"; do
+            run 60 python3 benchmarks/bench_vulkan_step.py "$model" --steps 64 $variant
+            [ "$spec" = "${MODELS%% *}" ] || break   # the first model with each switch, the others as they are
+        done
     fi
     want bench || continue
     step "ggflow bench $model: vulkan"
     run 90 python3 -m ggflow.cli bench -m "$model" -p 64 -n 32 -r 3 --backend vulkan
     run 90 python3 -m ggflow.cli bench -m "$model" -p 512 -n 0 -r 3 --backend vulkan
+    want cpu || continue
     step "ggflow bench $model: cpu, $CPU_THREADS threads"
     run 120 python3 -m ggflow.cli bench -m "$model" -p 64 -n 32 -r 3 -t "$CPU_THREADS"
 done
 
 spec=${MODELS%% *}; model=/tmp/device_models/${spec%%:*}-${spec##*:}.gguf
-if [ -f "$model" ] && want bench; then
+if [ -f "$model" ] && want profile; then
     step "where a Vulkan decode step's time goes (cProfile, tg64)"
     run 60 python3 -m cProfile -s tottime -m ggflow.cli bench -m "$model" -p 0 -n 64 -r 2 --backend vulkan \
         > "$OUT/profile_decode.txt" 2>&1

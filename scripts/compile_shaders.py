@@ -62,7 +62,9 @@ def variants() -> dict[str, tuple[str, dict[str, str]]]:
         out[f"get_rows_{w}"] = ("get_rows.comp", _weight_defines(w))
         out[f"mul_mat_vec_{w}"] = ("mul_mat_vec.comp", _weight_defines(w))
         out[f"mul_mat_tiled_{w}"] = ("mul_mat_tiled.comp", _weight_defines(w))
-    for kind in ("q8_0", "q8_1", "q8_k"):
+    for kernel in ("mul_mat_vec", "mul_mat_tiled"):   # F16 weights whose b round_act_f16 rounded ahead
+        out[f"{kernel}_f16_prerounded"] = (f"{kernel}.comp", {**_weight_defines("f16"), "B_ROUNDED": "1"})
+    for kind in ("q8_0", "q8_1", "q8_k", "f16"):
         out[f"round_act_{kind}"] = ("round_act.comp", {f"ROUND_{kind.upper()}": "1"})
     return out
 

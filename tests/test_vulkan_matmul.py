@@ -14,6 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from ggflow.backends_builtin.vulkan import ops_matmul
 from ggflow.backends_builtin.vulkan.buffers import DeviceBuffer, Staging, staging_for
 from ggflow.core import ops
 from ggflow.core.quants import dequantize, quantize
@@ -52,6 +53,24 @@ def test_mul_mat_of_every_weight_type(type_name, n):
         x = ops.new_input("F32", (k, n), "x")
         return {"x": x}, [ops.mul_mat(weight(type_name, w_data), x)]
     check(build, {"x": randn(n, k)})
+
+
+@pytest.mark.parametrize("n", [1, 70], ids=["decode", "tiled"])
+def test_f16_weights_round_activations_ahead_with_the_same_bits(n, monkeypatch):
+    """A model's F16 weights take b rounded once by round_act_f16, not once per row: the same products."""
+    k, m = 512, 80
+    w_data, x = weight_data("F16", m, k), randn(n, k) * 3
+
+    def build():
+        xs = ops.new_input("F32", (k, n), "x")
+        return {"x": xs}, [ops.mul_mat(weight("F16", w_data), xs)]
+    ahead, cpu = on_vulkan_and_cpu(build, {"x": x})
+    names = [d.pipeline.name for s in ahead.scheduler.splits if s.backend.name == "vulkan" for d in s.plan.dispatches]
+    assert names[0] == "round_act_f16" and names[1].endswith("_f16_prerounded")
+    monkeypatch.setattr(ops_matmul, "PREROUND_F16_WEIGHTS", False)
+    inline, _ = on_vulkan_and_cpu(build, {"x": x})
+    np.testing.assert_array_equal(ahead.outputs[0].view(np.uint32), inline.outputs[0].view(np.uint32))
+    assert_close(ahead.outputs[0], cpu.outputs[0], REL)
 
 
 @pytest.mark.parametrize("n_tokens", [1, 9])
@@ -177,6 +196,21 @@ def test_uncached_mapped_memory_is_read_through_staging(monkeypatch):
     buf.write(1001, data)
     assert (buf.read(1001, 1000) == data).all()
     assert len(downloads) == 1
+
+
+def test_staged_transfers_are_recorded_once_and_never_outlive_their_buffer(monkeypatch):
+    monkeypatch.setattr(DeviceBuffer, "map_when_possible", False)
+    staging = staging_for(vulkan().device)
+    recorded = []
+    monkeypatch.setattr(staging, "_record", lambda *args: recorded.append(args[1:]) or Staging._record(staging, *args))
+    for round_ in range(3):   # a fresh buffer each round: the last one's recorded copies must not be reused
+        buf = vulkan().alloc_buffer(4096)
+        for step in range(3):
+            data = rng.integers(0, 256, 512, dtype=np.uint8)
+            buf.write(100, data)
+            assert (buf.read(100, 512) == data).all()
+        assert len(recorded) == 2 * (round_ + 1)   # one upload and one download recorded per buffer
+        del buf
 
 
 def test_results_are_the_same_through_staging_buffers(monkeypatch):

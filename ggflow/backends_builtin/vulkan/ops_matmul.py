@@ -4,10 +4,11 @@ ggml_mul_mat(a [k, m, A2, A3], b [k, n, B2, B3]) -> d [m, n, B2, B3]; b's matrix
 matrix (i2 / (B2/A2), i3 / (B3/A3)), which is how attention's query heads share K/V heads (GQA). a may
 be any strided float view (the KV cache, permuted), or a quantized weight with whole blocks per row.
 
-Numerics follow ggml (and the CPU backend): the activations b are first rounded to a's vec_dot_type,
-F16 for F16 weights (done as the kernels read b) and Q8_0/Q8_1/Q8_K for quantized weights (a round_act
-pass into a scratch buffer, skipped when the previous mul_mat of the split already rounded the same b
-the same way: Q, K and V share their input). The dot products then run in F32. Q4_1 and Q5_1 multiply
+Numerics follow ggml (and the CPU backend): the activations b are first rounded to a's vec_dot_type:
+Q8_0/Q8_1/Q8_K for quantized weights and F16 for a model's F16 weights, by a round_act pass into a
+scratch buffer (skipped when the previous mul_mat of the split already rounded the same b the same way:
+Q, K and V share their input); F16 for attention over an F16 cache as the kernels read b (a row of K is
+64-128 values: rounding inline costs less than a dispatch). The dot products then run in F32. Q4_1 and Q5_1 multiply
 their block minimum by Q8_1's per-block sum s = f16(d * sum(q)), not by the sum of the rounded values:
 round_act writes the difference per block and the kernels add minimum * difference.
 
@@ -21,14 +22,15 @@ from ggflow.backends_builtin.vulkan.dispatch import (
     Box, Operand, Work, box_origin, extent, row_groups, same)
 from ggflow.backends_builtin.vulkan.kernels import WEIGHT_TYPES, BuildContext, OpKernel, addressable
 from ggflow.core.ops import Op
-from ggflow.core.tensor import Tensor, contiguous_strides
+from ggflow.core.tensor import Tensor, TensorFlag, contiguous_strides
 from ggflow.core.types import type_traits
 
 VEC_MAX_COLUMNS = 4          # up to this many columns of b, the matrix-vector kernel
 VEC_THREADS = 128            # mul_mat_vec's workgroup: one row per subgroup
 TILE = 64
 ROUNDING = {"Q8_0": "q8_0", "Q8_1": "q8_1", "Q8_K": "q8_k"}
-ROUNDING_BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256}
+ROUNDING_BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256, "f16": 1}
+PREROUND_F16_WEIGHTS = True   # False: F16 weights round b inline too (bench_vulkan.py compares the two)
 DELTA_ALIGNMENT = 256      # where the per-block deltas of a q8_1 rounding start in the scratch
 
 
@@ -39,6 +41,8 @@ def vec_rows_per_group(subgroup_size: int) -> int:
 
 def rounding_of(a: Tensor) -> str | None:
     """The round_act variant a's vec_dot_type needs (None: b is read as is, or rounded inline to F16)."""
+    if a.type.name == "F16":
+        return "f16" if PREROUND_F16_WEIGHTS and a.flags & TensorFlag.PARAM else None
     kind = ROUNDING.get(a.type.vec_dot_type) if a.type.is_quantized else None
     if kind is None or a.ne[0] % ROUNDING_BLOCK[kind]:
         return None   # ggml rounds only whole blocks; the CPU backend leaves other rows as they are
@@ -85,7 +89,7 @@ def build_mul_mat(node: Tensor, ctx: BuildContext) -> list[Work]:
             works.append(round_work(kind, b, rounded, delta, ctx))
             ctx.state["rounded"] = (b_t.id, kind)
         b = rounded
-    works.append(matmul_work(a_t, a, b, d, delta, ctx))
+    works.append(matmul_work(a_t, a, b, d, delta, ctx, prerounded=kind == "f16"))
     return works
 
 
@@ -108,7 +112,7 @@ def round_work(kind: str, src: Operand, dst: Operand, delta: Operand | None, ctx
 
 
 def matmul_work(a_t: Tensor, a: Operand, b: Operand, d: Operand, delta: Operand | None,
-                ctx: BuildContext) -> Work:
+                ctx: BuildContext, prerounded: bool = False) -> Work:
     k = a.ne[0]
     r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
     vec = d.ne[1] <= VEC_MAX_COLUMNS
@@ -138,7 +142,8 @@ def matmul_work(a_t: Tensor, a: Operand, b: Operand, d: Operand, delta: Operand 
                 offs[0], *a.strides(), offs[1], *b.strides(), offs[2], *d.strides(), rows, *e]
     kernel = "mul_mat_vec" if vec else "mul_mat_tiled"
     step = (rows, 1, 1, 1) if vec else (TILE, TILE, 1, 1)
-    return Work(ctx.pipeline(f"{kernel}_{a_t.type.name.lower()}"), operands, maps, d.full(), groups, push, step)
+    name = f"{kernel}_{a_t.type.name.lower()}{'_prerounded' if prerounded else ''}"
+    return Work(ctx.pipeline(name), operands, maps, d.full(), groups, push, step)
 
 
 KERNELS = {Op.MUL_MAT: OpKernel(supports_mul_mat, build_mul_mat, scratch_bytes)}

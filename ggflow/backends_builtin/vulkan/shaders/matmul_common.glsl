@@ -1,8 +1,9 @@
 // mul_mat's push constants and addressing, shared by the matrix-vector and the tiled kernels.
 // d[i3, i2, j, i] = dot(a row i of matrix (i2 / r2, i3 / r3), b row j of matrix (i2, i3)): a's
 // matrices broadcast over b's (GQA). The box [o0, hi0) x [o1, hi1) x dims 2, 3 is this dispatch's
-// part of d. b is F32; for F16 weights it is rounded to F16 as it is read, as ggml's F16 vec_dot does
-// (quantized weights read b already rounded to their vec_dot_type by round_act).
+// part of d. b is F32; for F16 weights it is rounded to F16, as ggml's F16 vec_dot does: as it is read
+// (attention over an F16 cache), or ahead by round_act (B_ROUNDED: a model's F16 weights, which read each
+// value once per row). Quantized weights read b already rounded to their vec_dot_type by round_act.
 layout(binding = 1) readonly buffer B { float b[]; };
 layout(binding = 2) writeonly buffer D { float d[]; };
 #if defined(A_Q4_1) || defined(A_Q5_1)
@@ -22,7 +23,7 @@ layout(push_constant) uniform Push {
 } p;
 
 float load_b(uint i) {
-#if defined(A_F16)
+#if defined(A_F16) && !defined(B_ROUNDED)
     return round_f16(b[i]);
 #else
     return b[i];

@@ -6,6 +6,7 @@
 //         multiply their block minimum by s, and the matmul adds min * delta to get the same
 //   Q8_K: per 256: the value of largest |x| (first on ties) sets iscale = -127 / max,
 //         q = min(127, nearest(iscale * x)), x' = (1 / iscale) * q
+//   F16:  x' = f16(x) (an F16 weight's vec_dot_type), once per activation instead of once per weight row
 #include "common.glsl"
 #include "exact.glsl"
 
@@ -35,6 +36,10 @@ void main() {
     const uvec3 r = row_of(p.o1, p.o2, p.o3, p.box2);
     const uint t = gl_LocalInvocationID.x, i0 = gl_WorkGroupID.x * 256 + t;
     const float x = i0 < p.K ? a[p.a_off + i0 * p.a_nb0 + r.x * p.a_nb1 + r.y * p.a_nb2 + r.z * p.a_nb3] : 0.0;
+    float value;
+#if defined(ROUND_F16)
+    value = round_f16(x);
+#else
     // largest |x| of the block, and where it is (the first, as ggml's scan keeps the first)
     amax_s[t] = abs(x);
     where_s[t] = t;
@@ -51,7 +56,6 @@ void main() {
     }
     const uint first = t - t % BLOCK;
     const float amax = amax_s[first];
-    float value;
 #if defined(ROUND_Q8_0) || defined(ROUND_Q8_1)
     const float dq = div_rn(amax, 127.0);
     const float id = dq != 0.0 ? div_rn(1.0, dq) : 0.0;
@@ -81,6 +85,7 @@ void main() {
         const float iscale = div_rn(-127.0, vmax);
         value = div_rn(1.0, iscale) * min(127.0, roundEven(iscale * x));
     }
+#endif
 #endif
     if (i0 < p.K) {
         d[p.d_off + i0 * p.d_nb0 + r.x * p.d_nb1 + r.y * p.d_nb2 + r.z * p.d_nb3] = value;
