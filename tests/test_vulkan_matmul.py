@@ -160,7 +160,7 @@ def test_a_weight_larger_than_a_binding_is_split_into_row_slices(small_device_li
         return {"x": x}, [ops.mul_mat(weight(type_name, w_data), x)]
     vk, cpu = on_vulkan_and_cpu(build, {"x": randn(n, k)})
     [split] = [s for s in vk.scheduler.splits if s.backend.name == "vulkan"]
-    assert len(split.plan.dispatches) > 4
+    assert sum(d.pipeline.name.startswith("mul_mat") for d in split.plan.dispatches) >= 3   # slices of rows
     for d in split.plan.dispatches:
         assert all(size <= small_device_limits.max_storage_range for _, _, size in d.bindings)
         assert all(g <= 5 for g in d.groups)
