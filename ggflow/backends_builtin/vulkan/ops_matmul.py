@@ -26,8 +26,7 @@ from ggflow.core.tensor import Tensor, TensorFlag, contiguous_strides
 from ggflow.core.types import type_traits
 
 VEC_MAX_COLUMNS = 4          # up to this many columns of b, the matrix-vector kernel
-VEC_THREADS = 128            # mul_mat_vec's workgroup
-VEC_ROWS_PER_SUBGROUP = 2    # rows a subgroup computes together (mul_mat_vec.comp's NR; any value is correct)
+VEC_THREADS = 128            # mul_mat_vec's workgroup: one row per subgroup
 TILE = 64
 ROUNDING = {"Q8_0": "q8_0", "Q8_1": "q8_1", "Q8_K": "q8_k"}
 ROUNDING_BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256, "f16": 1}
@@ -36,8 +35,8 @@ DELTA_ALIGNMENT = 256      # where the per-block deltas of a q8_1 rounding start
 
 
 def vec_rows_per_group(subgroup_size: int) -> int:
-    """Rows of a one mul_mat_vec workgroup covers: NR per subgroup it has, by the reported size."""
-    return max(1, VEC_THREADS // max(1, subgroup_size)) * VEC_ROWS_PER_SUBGROUP
+    """Rows of a one mul_mat_vec workgroup covers: as many as it has subgroups, by the reported size."""
+    return max(1, VEC_THREADS // max(1, subgroup_size))
 
 
 def rounding_of(a: Tensor) -> str | None:
