@@ -70,7 +70,8 @@ def test_aliasing_is_safe_only_for_exact_aliases_or_disjoint_memory():
 def chains():
     """A residual add -> rms_norm -> weight, a lone rms_norm -> weight, and silu(g) * u, on 3 rows."""
     a, b = ops.new_input("F32", (300, 3), "a"), ops.new_input("F32", (300, 3), "b")
-    w, g, u = ops.new_input("F32", (300,), "w"), ops.new_input("F32", (300, 3), "g"), ops.new_input("F32", (300, 3), "u")
+    w = ops.new_input("F32", (300,), "w")
+    g, u = ops.new_input("F32", (300, 3), "g"), ops.new_input("F32", (300, 3), "u")
     s = ops.add(a, b)
     first = ops.mul(ops.rms_norm(s, 1e-6), w)
     second = ops.mul(ops.rms_norm(first, 1e-5), w)

@@ -1,8 +1,9 @@
 """VulkanBackend: runs graph nodes as Vulkan compute shaders on a GPU (or on Mesa's lavapipe).
 
 compile() turns a split's nodes into dispatches once (kernels.py, dispatch.py; chains of them into one,
-fusion.py) and records them into a command buffer (plan.py); every reuse of the graph replays it with one submit. Ops, types or layouts the
-shaders don't cover are refused in supports_op, so the scheduler runs those nodes on the CPU.
+fusion.py) and records them into a command buffer (plan.py); every reuse of the graph replays it with one
+submit. Ops, types or layouts the shaders don't cover are refused in supports_op, so the scheduler runs
+those nodes on the CPU.
 
 Priority (per instance, from the device found): a real GPU outranks the CPU backend; a CPU driver
 (lavapipe) gets a negative priority, which backend="auto" skips, since it is slower than the CPU

@@ -8,9 +8,9 @@ Numerics follow ggml (and the CPU backend): the activations b are first rounded 
 Q8_0/Q8_1/Q8_K for quantized weights and F16 for a model's F16 weights, by a round_act pass into a
 scratch buffer (skipped when the previous mul_mat of the split already rounded the same b the same way:
 Q, K and V share their input); F16 for attention over an F16 cache as the kernels read b (a row of K is
-64-128 values: rounding inline costs less than a dispatch). The dot products then run in F32. Q4_1 and Q5_1 multiply
-their block minimum by Q8_1's per-block sum s = f16(d * sum(q)), not by the sum of the rounded values:
-round_act writes the difference per block and the kernels add minimum * difference.
+64-128 values: rounding inline costs less than a dispatch). The dot products then run in F32. Q4_1 and
+Q5_1 multiply their block minimum by Q8_1's per-block sum s = f16(d * sum(q)), not by the sum of the
+rounded values: round_act writes the difference per block and the kernels add minimum * difference.
 
 Few columns of b (decode) take the matrix-vector kernel, one workgroup per output; more take the tiled
 kernel (64 x 64 tiles). Both address a box of d, so dispatch.fit can split a product whose weight is

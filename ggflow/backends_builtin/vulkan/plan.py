@@ -1,11 +1,10 @@
 """A compiled split: its dispatches recorded once into a command buffer, replayed on every call.
 
 Dispatches run in graph order. A memory barrier goes before a dispatch only where it touches memory that
-a dispatch since the last barrier wrote, or writes memory one since then read (barriers_needed): a GPU
-then runs independent kernels (a layer's Q, K and V products; gate and up) side by side, and each
-barrier costs a few microseconds of an idle GPU (measured on an H200: 815 dispatches, about 4 us each, in
-a SmolLM2 decode step). The last barrier makes the results visible to the host and to transfer copies.
-Calling the plan
+a dispatch since the last barrier wrote, or writes memory one since then read (barriers_needed), so a GPU
+may run independent kernels side by side. In a decode step few are independent (the allocator reuses
+memory between consecutive nodes): 61 of a SmolLM2 step's 814 barriers go, no measurable gain on an
+H200. The last barrier makes the results visible to the host and to transfer copies. Calling the plan
 submits the command buffer and waits for it, so the scheduler can read outputs right after. The plan
 keeps the buffers it binds alive: a buffer released while a recorded command still points at it would
 be a use-after-free on the device.

@@ -7,7 +7,8 @@ layout(binding = D_BINDING) writeonly buffer DH { float16_t dh[]; };
 
 float load_x(uint i);
 
-void put_half(uint byte_offset, float v) { dh[byte_offset / 2] = float16_t(round_f16(v)); }   // exact: any rounding mode
+// round_f16 first: the conversion of an exact half is exact, whatever rounding mode the driver's has
+void put_half(uint byte_offset, float v) { dh[byte_offset / 2] = float16_t(round_f16(v)); }
 
 #if defined(D_Q8_0)
 const uint D_BLOCK_BYTES = 34;
