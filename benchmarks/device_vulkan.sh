@@ -9,7 +9,8 @@
 # Runs anywhere with a Vulkan driver (lavapipe too: set MODELS="smollm2-135m:Q4_1" to keep it short). On a
 # bare machine it first unpacks what the caller carried: .gl/*.deb (the Vulkan loader, where ldconfig has
 # none), .whl/*.whl (vulkan, cffi, pycparser, gguf, where python3 lacks them) and .devshared/ (the shared
-# test models and vocabularies, linked as ../shared). Nothing here needs the network.
+# test models and vocabularies, linked as ../shared); benchmarks/device_vulkan_prepare.sh gathers them. Nothing
+# here needs the network.
 set -u
 OUT=${1:-${OUT:-/tmp/device_vulkan}}
 MODELS=${MODELS:-"smollm2-135m:Q4_1 tinyllama-1.1b:Q4_0"}
