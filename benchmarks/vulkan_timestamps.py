@@ -2,15 +2,14 @@
 
 Timing a plan from the host counts its submit and fence wait (0.1-0.15 ms on an H200, longer than a
 matrix-vector product there). Here the plans' dispatches are recorded again, each after a barrier as the
-plan records it and followed by a timestamp once it is done; a dispatch's time is the difference from the
-timestamp before it (its kernel and the barrier's drain), the median over repeats.
+plan records it (VulkanPlan.record_dispatch) and followed by a timestamp once it is done; a dispatch's time
+is the difference from the timestamp before it (its kernel and the barrier's drain), the median over repeats.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ggflow.backends_builtin.vulkan.device import VulkanDevice
-from ggflow.backends_builtin.vulkan.pipelines import PUSH_CONSTANT_BYTES
 
 
 def gpu_seconds_per_dispatch(device: VulkanDevice, plans, repeats: int = 5) -> list[tuple[object, float]]:
@@ -28,15 +27,9 @@ def gpu_seconds_per_dispatch(device: VulkanDevice, plans, repeats: int = 5) -> l
     def record(cmd) -> None:
         vk.vkCmdResetQueryPool(cmd, pool, 0, n)
         vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 0)
-        for q, (p, i, d) in enumerate(dispatches, 1):
+        for q, (p, i, _) in enumerate(dispatches, 1):
             vk.vkCmdPipelineBarrier(cmd, compute, compute, 0, 1, [between], 0, None, 0, None)
-            vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline.handle)
-            vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline.layout, 0, 1,
-                                       [p.descriptors.sets[i]], 0, None)
-            push = d.push.ljust(PUSH_CONSTANT_BYTES, b"\0")
-            vk.vkCmdPushConstants(cmd, d.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push),
-                                  vk.ffi.new("char[]", push))
-            vk.vkCmdDispatch(cmd, *d.groups)
+            p.record_dispatch(cmd, i)
             vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, q)
 
     runs = []

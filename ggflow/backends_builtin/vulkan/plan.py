@@ -78,19 +78,12 @@ class VulkanPlan:
             between = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
                                          dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
             compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
-            bind_point = vk.VK_PIPELINE_BIND_POINT_COMPUTE
             needed = barriers_needed(self.dispatches) if self.elide_barriers else [True] * len(self.dispatches)
             self.n_barriers = sum(needed[1:])
-            for i, d in enumerate(self.dispatches):
+            for i in range(len(self.dispatches)):
                 if i and needed[i]:
                     vk.vkCmdPipelineBarrier(cmd, compute, compute, 0, 1, [between], 0, None, 0, None)
-                vk.vkCmdBindPipeline(cmd, bind_point, d.pipeline.handle)
-                vk.vkCmdBindDescriptorSets(cmd, bind_point, d.pipeline.layout, 0, 1,
-                                           [self.descriptors.sets[i]], 0, None)
-                push = d.push.ljust(PUSH_CONSTANT_BYTES, b"\0")
-                vk.vkCmdPushConstants(cmd, d.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push),
-                                      vk.ffi.new("char[]", push))
-                vk.vkCmdDispatch(cmd, *d.groups)
+                self.record_dispatch(cmd, i)
             done = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
                                       dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT
                                       | vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
@@ -98,6 +91,17 @@ class VulkanPlan:
                                     | compute, 0, 1, [done], 0, None, 0, None)
             vk.vkEndCommandBuffer(cmd)
             self.submit_info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])
+
+    def record_dispatch(self, cmd: Any, i: int) -> None:
+        """Dispatch i into cmd: its pipeline, descriptor set and push constants, then the dispatch itself."""
+        vk, d = self.device.vk, self.dispatches[i]
+        bind_point = vk.VK_PIPELINE_BIND_POINT_COMPUTE
+        vk.vkCmdBindPipeline(cmd, bind_point, d.pipeline.handle)
+        vk.vkCmdBindDescriptorSets(cmd, bind_point, d.pipeline.layout, 0, 1, [self.descriptors.sets[i]], 0, None)
+        push = d.push.ljust(PUSH_CONSTANT_BYTES, b"\0")
+        vk.vkCmdPushConstants(cmd, d.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push),
+                              vk.ffi.new("char[]", push))
+        vk.vkCmdDispatch(cmd, *d.groups)
 
     def __call__(self) -> None:
         if self.submit_info is not None:
