@@ -274,3 +274,77 @@ def test_activations_an_in_place_op_rewrites_are_quantized_by_each_product_that_
     expected = np.empty((2, 32), np.float32)
     qmm.mul_mat(qmm.pack_weight(w3.numpy().reshape(32, -1), "Q8_0"), y.numpy().reshape(2, k), expected)
     np.testing.assert_array_equal(p3.numpy().reshape(2, 32), expected)
+
+
+# -- product groups: products of one activation as one call -------------------------------------------
+def group_packs(w_types, rows, k):
+    return [qmm.pack_weight(quantize(randn(r, k), t), t) for t, r in zip(w_types, rows)]
+
+
+@pytest.mark.parametrize("w_type", ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_0"])
+@pytest.mark.parametrize("n", [1, 3, 64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_bound_product_group_equals_separate_products_bit_for_bit(w_type, n, threads):
+    # rows of 2, 3 and 1 tiles: the parallel driver's share of two threads ends inside the second weight
+    packs = group_packs([w_type] * 3, (128, 160, 64), 256)
+    x = randn(n, 256)
+    outs = [np.full((n, pw.rows), np.nan, np.float32) for pw in packs]
+    call = qmm.bind_mul_mats(packs, x, outs, n_threads=threads, scratch={}, x_source="x")
+    for _ in range(5):             # on two threads: the parallel driver first, then the serial (thread_choice)
+        x[...] = randn(n, 256)     # a bound group reads x as it is then
+        call()
+        for pw, out in zip(packs, outs):
+            expected = np.empty_like(out)
+            qmm.mul_mat(pw, x, expected)
+            np.testing.assert_array_equal(out, expected)
+
+
+def test_only_weights_of_one_quantized_kind_group_and_at_most_three():
+    q4_1, q4_k, q6_k = (group_packs([t], (64,), 256)[0] for t in ("Q4_1", "Q4_K", "Q6_K"))
+    f32 = qmm.pack_weight(randn(64, 256), "F32")
+    assert qmm.can_group([q4_1, q4_1]) and qmm.can_group([q4_k, q4_k, q4_k])
+    assert not qmm.can_group([q4_1]) and not qmm.can_group([q4_1] * (qmm.MAX_GROUP_WEIGHTS + 1))
+    assert not qmm.can_group([q4_k, q6_k]) and not qmm.can_group([f32, f32])
+    assert not qmm.can_group([q4_1, group_packs(["Q4_1"], (64,), 512)[0]])      # another k
+    with pytest.raises(ValueError, match="one quantized kind"):
+        qmm.bind_mul_mats([q4_k, q6_k], randn(1, 256), [np.empty((1, 64), np.float32)] * 2)
+
+
+def qkv_graph(w_types, n_tokens, k=256, rows=(128, 64, 64)):
+    """Outputs whose graph has a layer's q, k and v products of one x one after another (the builder's order)."""
+    x = ops.scale(leaf("F32", randn(n_tokens, k)), 1.0)
+    weights = [leaf(t, quantize(randn(r, k), t), flags=TensorFlag.PARAM) for t, r in zip(w_types, rows)]
+    products = [ops.mul_mat(w, x) for w in weights]
+    return [*products, *(ops.scale(p, 1.0) for p in products)]   # then read, as rope and the cache writes do
+
+
+@pytest.mark.parametrize("n_tokens", [1, 5])
+def test_products_of_one_activation_in_a_plan_run_as_one_kernel_to_the_separate_bits(n_tokens):
+    unfused, fused, n_unfused, n_fused = run_both_ways(*qkv_graph(["Q4_1"] * 3, n_tokens))
+    assert fused == unfused
+    assert n_fused == n_unfused - 2
+
+
+def test_a_product_of_another_kind_after_a_group_runs_on_its_own():
+    # a Q4_K_M layer: q and k Q4_K, v Q6_K -> q and k grouped, v alone, the same bits
+    unfused, fused, n_unfused, n_fused = run_both_ways(*qkv_graph(["Q4_K", "Q4_K", "Q6_K"], 2))
+    assert fused == unfused
+    assert n_fused == n_unfused - 1
+
+
+def test_the_graph_builder_puts_a_layers_q_k_and_v_products_side_by_side(tmp_path):
+    from ggflow.core.batch import Batch
+    from ggflow.core.context import Context
+    from ggflow.core.model import Model
+    from tests.fixtures import tiny_models
+    path = tmp_path / "tiny.gguf"
+    tiny_models.write_tiny_model(path, "qwen2", "Q8_0")       # with q, k and v biases
+    ctx = Context(Model.load(path), n_ctx=64, backends="cpu")
+    ctx.decode(Batch.from_tokens([1, 2, 3, 4]))
+    graph = next(reversed(ctx._graphs.values())).graph
+    steps = [n for n in graph.nodes if n.op not in PURE_VIEWS]
+    i = next(j for j, n in enumerate(steps) if n.op == "mul_mat" and n.src[0].name == "blk.0.attn_q.weight")
+    assert [n.src[0].name for n in steps[i:i + 3]] == ["blk.0.attn_q.weight", "blk.0.attn_k.weight",
+                                                       "blk.0.attn_v.weight"]
+    assert len({n.src[1] for n in steps[i:i + 3]}) == 1
+    assert ctx.decode(Batch.from_tokens([5], pos0=4)) == 0     # and the plan that groups them runs

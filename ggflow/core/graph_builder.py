@@ -80,9 +80,13 @@ class GraphBuilder:
         -> q [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens] (as llama.cpp's build_qkv).
         """
         hp = self.hp
-        q = self.linear(x, layer.wq, getattr(layer, "bq", None))
-        k = self.linear(x, layer.wk, getattr(layer, "bk", None))
-        v = self.linear(x, layer.wv, getattr(layer, "bv", None))
+        products = [ops.mul_mat(w, x) for w in (layer.wq, layer.wk, layer.wv)]
+        for product in products:
+            # one after another in the graph, before what reads them (llama.cpp's build_attn expands q, k and
+            # v together too): a backend may run products of one x as one call (the CPU's product groups)
+            self.graph.expand(product)
+        q, k, v = (y if bias is None else ops.add(y, bias)
+                   for y, bias in zip(products, (getattr(layer, name, None) for name in ("bq", "bk", "bv"))))
         return (self.split_heads(q, hp.n_embd_head_k), self.split_heads(k, hp.n_embd_head_k),
                 self.split_heads(v, hp.n_embd_head_v))
 

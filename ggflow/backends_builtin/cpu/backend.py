@@ -2,7 +2,8 @@
 
 compile() binds each node's kernel to numpy views of its sources and destination once, so running the
 plan again (every decode step of a reused graph) costs one Python call per node, fewer where a chain of
-nodes runs as one fused kernel (fusion.py). A plan runs with numpy's overflow and invalid warnings off:
+nodes runs as one fused kernel (fusion.py) or products of one activation run as one (a layer's q, k and v:
+kernels_matmul.bind_product_group). A plan runs with numpy's overflow and invalid warnings off:
 kernels compute what ggml computes (an exp that overflows to inf, a row masked everywhere to NaN), and
 one setting per run costs less than one per kernel. Kernels are imported on first compile, so
 registering the backend (``ggflow plugins``) does not load numba.
@@ -105,11 +106,14 @@ class CPUBackend(Backend):
                                                               n_threads=self.n_threads,
                                                               masked=masked_products(nodes), written=written)}
         from ggflow.backends_builtin.cpu.fusion import bind_fused
+        from ggflow.backends_builtin.cpu.kernels_matmul import bind_product_group
         steps = [n for n in nodes if n.op not in PURE_VIEWS and n.nelements != 0]   # views compute nothing
         attention = attention_chains(nodes) if self.fuse else {}
         kernels, i = [], 0
         while i < len(steps):
-            fused = bind_fused(steps, i, arrays, attention, self.n_threads) if self.fuse else None
+            fused = (bind_fused(steps, i, arrays, attention, self.n_threads)
+                     or bind_product_group(steps, i, arrays, self.packed_weights, self.n_threads, written)
+                     ) if self.fuse else None
             if fused is not None:
                 kernels.append(fused[0])
                 i += fused[1]

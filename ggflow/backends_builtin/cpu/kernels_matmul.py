@@ -27,13 +27,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from types import ModuleType
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
 from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order
 from ggflow.backends_builtin.cpu import thread_choice
 from ggflow.backends_builtin.cpu.arrays import F32, TensorArrays, from_f32, to_f32
+from ggflow.core.ops import Op
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.core.types import TypeTraits, type_traits
 from ggflow.errors import UnknownNameError
@@ -114,6 +115,36 @@ def bind_mul_mat(node: Tensor, arrays: TensorArrays, weights: PackedWeights, n_t
     if packs is not None:
         return _bind_packed(packs, weights.kernels, node, arrays, n_threads, shared_x=b.base() not in written)
     return _bind_generic(node, arrays, (masked or {}).get(node))
+
+
+def bind_product_group(steps: Sequence[Tensor], i: int, arrays: TensorArrays, weights: PackedWeights,
+                       n_threads: int | None = None, written: Collection[Tensor] = ()) -> tuple[Kernel, int] | None:
+    """Products that follow one another in the plan from steps[i] with one activation and weights of one
+    quantized kind (a layer's q, k and v; up and gate) as one kernel (quant_matmul.bind_mul_mats: one call, one
+    parallel region, the same bits), and how many steps it runs; None where fewer than two such products start
+    there. Arguments as bind_mul_mat's."""
+    if weights.kernels is None or steps[i].op != Op.MUL_MAT:
+        return None
+    b = steps[i].src[1]
+    group = []                                    # (node, its weight's pack)
+    for node in steps[i:i + weights.kernels.MAX_GROUP_WEIGHTS]:
+        a = node.src[0] if node.op == Op.MUL_MAT and node.src[1] is b else None
+        packs = weights.get(a) if a is not None and a not in arrays.substitutes and a.ne[2] == a.ne[3] == 1 else None
+        if packs is None:
+            break
+        group.append((node, packs[0][0]))
+    while len(group) > 1 and not weights.kernels.can_group([pack for _, pack in group]):
+        group.pop()                               # the products of the first's kind (a Q4_K q and k, a Q6_K v)
+    nodes = [node for node, _ in group]
+    x_view = arrays.view(b)
+    if len(nodes) < 2 or b.type.name != "F32" or not x_view.flags.c_contiguous:
+        return None
+    outs = [arrays.view(node).reshape(-1, node.ne[0]) for node in nodes]
+    if any(np.may_share_memory(out, other) for j, out in enumerate(outs) for other in (x_view, *outs[:j])):
+        return None
+    kernel = weights.kernels.bind_mul_mats([pack for _, pack in group], x_view.reshape(-1, b.ne[0]), outs, n_threads,
+                                           arrays.shared, x_source=b if b.base() not in written else None)
+    return kernel, len(nodes)
 
 
 def _bind_packed(packs: list[list[Any]], kernels: ModuleType, node: Tensor, arrays: TensorArrays,

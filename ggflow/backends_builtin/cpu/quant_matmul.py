@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Sequence
 
 import numba
 import numpy as np
@@ -43,6 +43,7 @@ from numba import typeof
 
 from ggflow.backends_builtin.cpu import _qmm_act as act
 from ggflow.backends_builtin.cpu import _qmm_float as flt
+from ggflow.backends_builtin.cpu import _qmm_groups as groups
 from ggflow.backends_builtin.cpu import _qmm_kquants as kq
 from ggflow.backends_builtin.cpu import _qmm_legacy as leg
 from ggflow.backends_builtin.cpu import _qmm_template as tmpl
@@ -64,6 +65,7 @@ PARALLEL_MIN_MACS = 1 << 17
 # run, the tiling's transpose) and the run's file pages, until the caller gives them back (packed_rows), are
 # the peak's excess over the packed copy: ~6 MiB with 2 MiB runs, against 3x an 11 MiB weight packed whole
 PACK_CHUNK_BYTES = 2 << 20
+MAX_GROUP_WEIGHTS = groups.MAX_WEIGHTS   # bind_mul_mats' most weights in one call
 ACTIVATION_TYPES = ("Q8_0", "Q8_1", "Q8_K")   # the vec_dot_types quantize_activations makes
 _BUILTIN_PIECES: dict[str, BlockPieces] = {**leg.PIECES, **kq.PIECES}
 
@@ -89,17 +91,26 @@ class _QuantType:
 
 class _Drivers:
     """A type's kernels for one argument layout, each compiled (or loaded from numba's cache) on first
-    use: parallel or serial, and for quantized types the path ("tile", "pairs", "quads": tmpl.batch_path)."""
-    __slots__ = ("_compile", "_kernels")
+    use: parallel or serial, and for quantized types the path ("tile", "pairs", "quads": tmpl.batch_path);
+    for groups of weights of the type (``bind_mul_mats``), _qmm_groups' kernels."""
+    __slots__ = ("_compile", "_compile_group", "_kernels")
 
-    def __init__(self, compile: Callable[[bool, str], Kernel]):
+    def __init__(self, compile: Callable[[bool, str], Kernel],
+                 compile_group: Callable[[bool, str], Kernel] | None = None):
         self._compile = compile
-        self._kernels: dict[tuple[bool, str], Kernel] = {}
+        self._compile_group = compile_group
+        self._kernels: dict[tuple, Kernel] = {}
 
     def get(self, parallel: bool, path: str = "tile") -> Kernel:
         kernel = self._kernels.get((parallel, path))
         if kernel is None:
             kernel = self._kernels[parallel, path] = self._compile(parallel, path)
+        return kernel
+
+    def group(self, parallel: bool, path: str) -> Kernel:
+        kernel = self._kernels.get((parallel, path, "group"))
+        if kernel is None:
+            kernel = self._kernels[parallel, path, "group"] = self._compile_group(parallel, path)
         return kernel
 
 
@@ -265,9 +276,12 @@ def _quant_drivers(qt: _QuantType, arrays: tuple, k: int) -> _Drivers:
     drivers = _DRIVERS.get((qt.kind, w_type))
     if drivers is None:   # the types only: a driver must not keep the first weight it saw alive
         acts = quantize_activations(np.zeros((1, k), np.float32), qt.traits.vec_dot_type)
-        arg_types = (w_type, *(typeof(a) for a in acts), typeof(np.zeros((1, 1), np.float32)))
+        out_type = typeof(np.zeros((1, 1), np.float32))
+        arg_types = (w_type, *(typeof(a) for a in acts), out_type)
+
         drivers = _DRIVERS[(qt.kind, w_type)] = _Drivers(
-            lambda parallel, path: tmpl.entry_point(qt.kind, parallel, arg_types, path))
+            lambda parallel, path: tmpl.entry_point(qt.kind, parallel, arg_types, path),
+            lambda parallel, path: groups.entry_point(qt.kind, parallel, arg_types, path))
     return drivers
 
 
@@ -355,17 +369,70 @@ def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: in
             serial = lambda: pw.serial(pw.kind, pw.arrays[0], pw.rounding(x), out)       # noqa: E731
             parallel = lambda: pw.parallel(pw.kind, pw.arrays[0], pw.rounding(x), out)   # noqa: E731
         return thread_choice.adaptive(size_key, parallel, serial) if parallel_ok else serial
-    key = ("activations", pw.vec_dot_type, *x.shape)
-    shared = scratch.get(key) if scratch is not None else None
-    if shared is None:
-        shared = _SharedActivations(quantize_activations(x, pw.vec_dot_type))   # refilled at every call
-        if scratch is not None:
-            scratch[key] = shared
+    shared = _activations(scratch, pw.vec_dot_type, x)
     args, n = (pw.kind, pw.arrays, *shared.buffers, out), x.shape[0]
     product = partial(pw.kernel(False, n), *args)
     if parallel_ok:   # parallel or serial, whichever is faster now (the parallel driver compiles on first try)
         product = thread_choice.adaptive(size_key, lambda: pw.kernel(True, n)(*args), product)
-    quantize = entry_points.bind(_ACTIVATION_QUANTIZERS[pw.vec_dot_type], x, *shared.buffers)
+    return _after_quantizing(product, pw.vec_dot_type, x, shared, x_source)
+
+
+def can_group(pws: Sequence[PackedWeight]) -> bool:
+    """Whether ``bind_mul_mats`` takes these weights as one group: two or more of one quantized kind, packed
+    into arrays of the same types (one compiled group kernel reads them all), at most MAX_GROUP_WEIGHTS."""
+    first = pws[0]
+    return (1 < len(pws) <= groups.MAX_WEIGHTS and first.vec_dot_type is not None
+            and all(pw.kind == first.kind and pw.drivers is first.drivers and pw.k == first.k for pw in pws))
+
+
+def bind_mul_mats(pws: Sequence[PackedWeight], x: np.ndarray, outs: Sequence[np.ndarray], n_threads: int | None = None,
+                  scratch: dict | None = None, x_source: Hashable | None = None) -> Callable[[], None]:
+    """The products ``mul_mat(pws[j], x, outs[j])`` prepared once as one call (``bind_mul_mat``'s terms): x
+    quantized once, then one kernel over all the weights' row tiles, on one thread or in one parallel region
+    (_qmm_groups). The weights must pass ``can_group``. Outputs are those of separate products, bit for bit. A
+    product size whose path has no group kernel (prompts on the pairs or AMX path), or arrays in another
+    layout, runs the products one after another."""
+    if not can_group(pws):
+        raise ValueError("bind_mul_mats takes two or more weights of one quantized kind (can_group)")
+    for pw, out in zip(pws, outs):
+        _check_shapes(pw, x, out)
+    first, n = pws[0], x.shape[0]
+    contiguous = x.dtype == np.float32 and x.flags.c_contiguous and all(out.flags.c_contiguous for out in outs)
+    path = tmpl.batch_path(first.kind, n)
+    if not contiguous or path not in groups.GROUP_PATHS or any(0 in out.shape for out in outs):
+        calls = [bind_mul_mat(pw, x, out, n_threads, scratch, x_source) for pw, out in zip(pws, outs)]
+
+        def run_each() -> None:
+            for call in calls:
+                call()
+        return run_each
+    threads = numba.get_num_threads() if n_threads is None else n_threads
+    rows = tuple(pw.rows for pw in pws)
+    shared = _activations(scratch, first.vec_dot_type, x)
+    args = groups.group_args(first.kind, [pw.arrays for pw in pws], shared.buffers, outs)
+    product = partial(first.drivers.group(False, path), *args)
+    if use_parallel(n * sum(rows) * first.k, threads):
+        product = thread_choice.adaptive(("group", first.w_type, *x.shape, rows, threads),
+                                         lambda: first.drivers.group(True, path)(*args), product)
+    return _after_quantizing(product, first.vec_dot_type, x, shared, x_source)
+
+
+def _activations(scratch: dict | None, vec_dot_type: str, x: np.ndarray) -> _SharedActivations:
+    """The buffers x is quantized into: the plan's one set for this type and shape (scratch), else new ones."""
+    key = ("activations", vec_dot_type, *x.shape)
+    shared = scratch.get(key) if scratch is not None else None
+    if shared is None:
+        shared = _SharedActivations(quantize_activations(x, vec_dot_type))   # refilled at every call
+        if scratch is not None:
+            scratch[key] = shared
+    return shared
+
+
+def _after_quantizing(product: Callable[[], None], vec_dot_type: str, x: np.ndarray, shared: _SharedActivations,
+                      x_source: Hashable | None) -> Callable[[], None]:
+    """``product`` run after x is quantized into the shared buffers, unless they hold x's quantization already
+    (the docstring of bind_mul_mat)."""
+    quantize = entry_points.bind(_ACTIVATION_QUANTIZERS[vec_dot_type], x, *shared.buffers)
     token, first = shared.token_for(x_source, x)
 
     def run_quantized() -> None:
@@ -435,5 +502,5 @@ def quantize_activations(x: np.ndarray, vec_dot_type: str) -> tuple[np.ndarray, 
 _ACTIVATION_QUANTIZERS = {"Q8_0": act.quantize_q8_0, "Q8_1": act.quantize_q8_1, "Q8_K": act.quantize_q8_K}
 
 
-__all__ = ["SUPPORTED_TYPES", "PackedWeight", "pack_weight", "mul_mat", "bind_mul_mat", "has_kernel", "cpu_pieces",
-           "quantize_activations", "TILE"]
+__all__ = ["SUPPORTED_TYPES", "PackedWeight", "pack_weight", "mul_mat", "bind_mul_mat", "bind_mul_mats", "can_group",
+           "has_kernel", "cpu_pieces", "quantize_activations", "TILE"]
