@@ -167,19 +167,21 @@ def test_ropes_over_the_same_positions_share_tables_recomputed_at_every_run():
 
 
 # -- bound matmuls ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("w_type", ["Q4_1", "Q8_0", "Q4_K", "F16", "F32"])
-def test_bound_mul_mat_equals_mul_mat_bit_for_bit(w_type):
+@pytest.mark.parametrize("w_type", ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16", "F32"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_bound_mul_mat_equals_mul_mat_bit_for_bit(w_type, n):
+    # a bound quantized product runs _qmm_groups' drivers as a group of one; mul_mat the template's own
     rows, k = 64, 256
     w_np = randn(rows, k)
     w = w_np if w_type == "F32" else (w_np.astype(np.float16) if w_type == "F16" else quantize(w_np, w_type))
     pw = qmm.pack_weight(w, w_type)
-    x = randn(3, k)
-    expected, out = np.empty((3, rows), np.float32), np.empty((3, rows), np.float32)
+    x = randn(n, k)
+    expected, out = np.empty((n, rows), np.float32), np.empty((n, rows), np.float32)
     qmm.mul_mat(pw, x, expected)
     call = qmm.bind_mul_mat(pw, x, out, n_threads=1)
     call()
     np.testing.assert_array_equal(out, expected)
-    x[...] = randn(3, k)                                  # a bound call reads the array as it is then
+    x[...] = randn(n, k)                                  # a bound call reads the array as it is then
     qmm.mul_mat(pw, x, expected)
     call()
     np.testing.assert_array_equal(out, expected)

@@ -1,16 +1,17 @@
-"""Products of one activation by several weights of one type, in one call: a layer's Q, K and V; gate and up.
+"""Products of one activation by one to three weights of one type in one call: a layer's Q, K and V; gate and up.
 
-A decode step of a small model pays per kernel call (the entry point's argument conversion, the activations'
-byte copy of the quads path) and, on two threads, per parallel region (a wake-up of the other thread and a
-join): SmolLM2's 192 x 576 K and V products are too small to pay for a region of their own and ran serially
+On two threads a decode step of a small model pays per parallel region (a wake-up of the other thread and a
+join): SmolLM2's 192 x 576 K and V products were too small to pay for a region of their own and ran serially
 beside the parallel Q. Here the weights' row tiles are laid end to end, one tile range over all of them: the
 serial driver runs them in order, the parallel one splits the whole range among the threads (Q, K and V are
 15 tiles for two threads, not 9 parallel and 3 + 3 on one). Each tile is computed by the same tile function
 as a product of its own (``_qmm_template``), so every output is the same bits.
 
-Only the paths a decode step and a short prompt take have group drivers ("tile" and "quads": the matvec and the
-packed-word quads); a group on another path (pairs, AMX: prompts, where a call's cost is nothing beside its
-work) runs its products one after another (``quant_matmul.bind_mul_mats``).
+Bound products (``quant_matmul.bind_mul_mat``, ``bind_mul_mats``) on the paths a decode step and a short prompt
+take ("tile" and "quads": the matvec and the packed-word quads) all run these drivers, a single product as a
+group of one: a plan then loads one set of drivers per type, not the template's and these (each loaded driver
+holds a few MiB of code). Products on another path (pairs, AMX: prompts, where a call's cost is nothing beside
+its work) run the template's drivers, a group's one product after another; so does the unbound ``mul_mat``.
 
 The weights are of one kind, packed into arrays of the same numba types, so one compiled group kernel reads them all;
 its arguments are the template drivers', with the weights and the outputs as three of each (``group_args``).
@@ -31,13 +32,15 @@ GROUP_PATHS = ("tile", "quads")
 MAX_WEIGHTS = 3    # a group's most weights: a layer's q, k and v
 
 
-# A group comes as three weights and outputs, w0 .. w2 and o0 .. o2, ``count`` of them real (a group of two passes
-# its second twice): numba's parallel loops take a tuple of arrays (one weight's packs) but not a tuple of them.
+# A group comes as three weights and outputs, w0 .. w2 and o0 .. o2, the first ``count`` of them real (a group of one
+# or two passes its last again): numba's parallel loops take a tuple of arrays (one weight's packs) but not a tuple
+# of them.
 @njit(cache=True, inline="always")
 def _starts(count, w0, w1, w2):
-    """Where weight 1's and weight 2's tiles start in the group's, and the group's tile count."""
+    """Where weight 1's and weight 2's tiles start in the group's (their end where they are not real), and the
+    group's tile count."""
     s1 = w0[0].shape[0]
-    s2 = s1 + w1[0].shape[0]
+    s2 = s1 + (w1[0].shape[0] if count >= 2 else 0)
     return s1, s2, s2 + (w2[0].shape[0] if count == 3 else 0)
 
 
@@ -116,10 +119,10 @@ def _quads_parallel(kind, count, w0, w1, w2, xq, dx, xe, o0, o1, o2):
 
 
 def group_args(kind: str, ws: Sequence[tuple], acts: tuple, outs: Sequence[np.ndarray]) -> tuple:
-    """The drivers' arguments for the packed arrays ws of two or three weights, their quantized activations
+    """The drivers' arguments for the packed arrays ws of one to three weights, their quantized activations
     (xq, dx, xe) and their outputs."""
-    if not 2 <= len(ws) <= MAX_WEIGHTS or len(outs) != len(ws):
-        raise ValueError(f"a group takes 2 to {MAX_WEIGHTS} weights and as many outputs, got {len(ws)} and {len(outs)}")
+    if not 1 <= len(ws) <= MAX_WEIGHTS or len(outs) != len(ws):
+        raise ValueError(f"a group takes 1 to {MAX_WEIGHTS} weights and as many outputs, got {len(ws)} and {len(outs)}")
     pad = MAX_WEIGHTS - len(ws)
     return (kind, len(ws), *ws, *ws[-1:] * pad, *acts, *outs, *outs[-1:] * pad)
 

@@ -350,6 +350,9 @@ def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: in
     calls that never run at the same time (one plan's), which then share one set of activation buffers
     per type and shape (a prompt's would otherwise hold n x k int16 per weight); None: buffers of its own.
 
+    On the tile and quads paths the product runs _qmm_groups' drivers as a group of one (what bind_mul_mats
+    runs: one set of drivers loaded per type).
+
     x_source: what x is the memory of (the graph node), where it stays unchanged from its first product to
     its last, as a plan's node results do. Products bound in a plan's order with one x_source (a layer's
     q, k and v; gate and up) then quantize x once: the first bound always does, and a later one only if
@@ -359,22 +362,18 @@ def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: in
     if not (x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous) or 0 in out.shape:
         return lambda: mul_mat(pw, x, out)
     threads = numba.get_num_threads() if n_threads is None else n_threads
+    if pw.vec_dot_type is not None:
+        return _bound_products([pw], x, [out], threads, scratch, x_source)
     parallel_ok = use_parallel(x.shape[0] * pw.rows * pw.k, threads)
     size_key = (pw.w_type, *x.shape, pw.rows, threads)
-    if pw.vec_dot_type is None:    # the parallel driver is compiled on its first call, not here
-        if pw.rounding is None:
-            serial = partial(pw.serial, pw.kind, pw.arrays[0], x, out)
-            parallel = lambda: pw.parallel(pw.kind, pw.arrays[0], x, out)                # noqa: E731
-        else:
-            serial = lambda: pw.serial(pw.kind, pw.arrays[0], pw.rounding(x), out)       # noqa: E731
-            parallel = lambda: pw.parallel(pw.kind, pw.arrays[0], pw.rounding(x), out)   # noqa: E731
-        return thread_choice.adaptive(size_key, parallel, serial) if parallel_ok else serial
-    shared = _activations(scratch, pw.vec_dot_type, x)
-    args, n = (pw.kind, pw.arrays, *shared.buffers, out), x.shape[0]
-    product = partial(pw.kernel(False, n), *args)
-    if parallel_ok:   # parallel or serial, whichever is faster now (the parallel driver compiles on first try)
-        product = thread_choice.adaptive(size_key, lambda: pw.kernel(True, n)(*args), product)
-    return _after_quantizing(product, pw.vec_dot_type, x, shared, x_source)
+    # floats: the parallel driver is compiled on its first call, not here
+    if pw.rounding is None:
+        serial = partial(pw.serial, pw.kind, pw.arrays[0], x, out)
+        parallel = lambda: pw.parallel(pw.kind, pw.arrays[0], x, out)                # noqa: E731
+    else:
+        serial = lambda: pw.serial(pw.kind, pw.arrays[0], pw.rounding(x), out)       # noqa: E731
+        parallel = lambda: pw.parallel(pw.kind, pw.arrays[0], pw.rounding(x), out)   # noqa: E731
+    return thread_choice.adaptive(size_key, parallel, serial) if parallel_ok else serial
 
 
 def can_group(pws: Sequence[PackedWeight]) -> bool:
@@ -396,25 +395,49 @@ def bind_mul_mats(pws: Sequence[PackedWeight], x: np.ndarray, outs: Sequence[np.
         raise ValueError("bind_mul_mats takes two or more weights of one quantized kind (can_group)")
     for pw, out in zip(pws, outs):
         _check_shapes(pw, x, out)
-    first, n = pws[0], x.shape[0]
     contiguous = x.dtype == np.float32 and x.flags.c_contiguous and all(out.flags.c_contiguous for out in outs)
-    path = tmpl.batch_path(first.kind, n)
-    if not contiguous or path not in groups.GROUP_PATHS or any(0 in out.shape for out in outs):
+    if not contiguous or any(0 in out.shape for out in outs):
         calls = [bind_mul_mat(pw, x, out, n_threads, scratch, x_source) for pw, out in zip(pws, outs)]
-
-        def run_each() -> None:
-            for call in calls:
-                call()
-        return run_each
+        return partial(_run_all, calls)
     threads = numba.get_num_threads() if n_threads is None else n_threads
-    rows = tuple(pw.rows for pw in pws)
+    return _bound_products(pws, x, outs, threads, scratch, x_source)
+
+
+def _bound_products(pws: Sequence[PackedWeight], x: np.ndarray, outs: Sequence[np.ndarray], threads: int,
+                    scratch: dict | None, x_source: Hashable | None) -> Callable[[], None]:
+    """x quantized into the shared buffers (unless they hold it already), then its products by the weights pws
+    (one kind) into outs: on the tile and quads paths one call of _qmm_groups' drivers for all of them, else
+    the template's drivers, one product after another. Each call parallel or serial, whichever is faster now
+    (thread_choice), where it is large enough for threads; its parallel driver is compiled on first try."""
+    first, n = pws[0], x.shape[0]
     shared = _activations(scratch, first.vec_dot_type, x)
-    args = groups.group_args(first.kind, [pw.arrays for pw in pws], shared.buffers, outs)
-    product = partial(first.drivers.group(False, path), *args)
-    if use_parallel(n * sum(rows) * first.k, threads):
-        product = thread_choice.adaptive(("group", first.w_type, *x.shape, rows, threads),
-                                         lambda: first.drivers.group(True, path)(*args), product)
-    return _after_quantizing(product, first.vec_dot_type, x, shared, x_source)
+    path = tmpl.batch_path(first.kind, n)
+    if path in groups.GROUP_PATHS:
+        calls = [(pws, groups.group_args(first.kind, [pw.arrays for pw in pws], shared.buffers, outs),
+                  partial(first.drivers.group, path=path))]
+    else:
+        calls = [([pw], (pw.kind, pw.arrays, *shared.buffers, out), partial(pw.kernel, n_tokens=n))
+                 for pw, out in zip(pws, outs)]
+    products = []
+    for weights, args, driver in calls:
+        rows = tuple(pw.rows for pw in weights)
+        product = partial(driver(parallel=False), *args)
+        if use_parallel(n * sum(rows) * first.k, threads):
+            product = thread_choice.adaptive((first.w_type, *x.shape, rows, threads),
+                                             partial(_call_driver, driver, args), product)
+        products.append(product)
+    return _after_quantizing(products[0] if len(products) == 1 else partial(_run_all, products),
+                             first.vec_dot_type, x, shared, x_source)
+
+
+def _call_driver(driver: Callable[..., Kernel], args: tuple) -> None:
+    """The parallel driver, looked up (compiled or loaded) on its first call."""
+    driver(parallel=True)(*args)
+
+
+def _run_all(calls: Sequence[Callable[[], None]]) -> None:
+    for call in calls:
+        call()
 
 
 def _activations(scratch: dict | None, vec_dot_type: str, x: np.ndarray) -> _SharedActivations:
