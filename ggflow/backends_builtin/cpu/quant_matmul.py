@@ -276,9 +276,7 @@ def _quant_drivers(qt: _QuantType, arrays: tuple, k: int) -> _Drivers:
     drivers = _DRIVERS.get((qt.kind, w_type))
     if drivers is None:   # the types only: a driver must not keep the first weight it saw alive
         acts = quantize_activations(np.zeros((1, k), np.float32), qt.traits.vec_dot_type)
-        out_type = typeof(np.zeros((1, 1), np.float32))
-        arg_types = (w_type, *(typeof(a) for a in acts), out_type)
-
+        arg_types = (w_type, *(typeof(a) for a in acts), typeof(np.zeros((1, 1), np.float32)))
         drivers = _DRIVERS[(qt.kind, w_type)] = _Drivers(
             lambda parallel, path: tmpl.entry_point(qt.kind, parallel, arg_types, path),
             lambda parallel, path: groups.entry_point(qt.kind, parallel, arg_types, path))
