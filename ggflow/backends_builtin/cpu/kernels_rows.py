@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 from numba import njit
 
-from ggflow.backends_builtin.cpu import entry_points
+from ggflow.backends_builtin.cpu import entry_points, row_decoders
 from ggflow.backends_builtin.cpu.arrays import TensorArrays, from_f32, is_native_float, store, to_f32
 from ggflow.backends_builtin.cpu.c_arith import f32_bits_to_f16_bits
 from ggflow.backends_builtin.cpu.file_rows import pread_rows
@@ -88,14 +88,22 @@ def _bind_get_file_rows(node: Tensor, a: Tensor, a_view: np.ndarray, ids_view: n
     rows = raw.view(a_view.dtype).reshape(*ids_view.shape, a_view.shape[-1])
 
     read = entry_points.bind(pread_rows, fileno, a.offset, row_bytes, ids_view, raw)
+    in_range = entry_points.bind(rows_in_range, ids_view, n_rows)
+    # a legacy quantized row decoded in one numba call (row_decoders.py), else through the type's to_float
+    decode = (row_decoders.bind_decoder(a.type, raw, out.reshape(-1, out.shape[-1]))
+              if node.type.name == "F32" and out.flags.c_contiguous else None)
 
     def run() -> None:
-        check_row_ids(ids_view, n_rows, node)
+        if not in_range():
+            check_row_ids(ids_view, n_rows, node)
         failed = read()
         if failed >= 0:
             raise BackendError(f"{node.op} {node.name!r}: could not read row {int(ids_view.reshape(-1)[failed])} "
                                f"of {a.name!r} from its file (was the file truncated or removed?)")
-        store(out, to_f32(rows, a.type), node.type)
+        if decode is not None:
+            decode()
+        else:
+            store(out, to_f32(rows, a.type), node.type)
     return run
 
 
