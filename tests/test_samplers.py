@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -275,6 +276,38 @@ def test_temp_divides_logits_and_zero_keeps_only_the_best():
     out = applied(make_sampler("temp", t=0.0), logits).logits
     assert np.isfinite(out).sum() == 1 and out[np.argmax(logits)] == logits.max()
 
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_temperature_so_small_the_logits_overflow_draws_the_best_tokens_quietly(seed):
+    # logits / 1e-40 overflow to +-inf, all but the smallest: the t -> 0 limit is a draw between the top two (tied),
+    # not one among every +inf nor a NaN distribution, and no RuntimeWarning reaches the user
+    logits = np.array([1.0, 3.0, -2.0, 3.0, 0.5, 1e-39], np.float32)
+    chain = [make_sampler("temp", t=1e-40), make_sampler("dist", seed=seed)]
+    picks = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(20):
+            cur = TokenDataArray.from_logits(logits)
+            for sampler in chain:
+                sampler.apply(cur)
+            picks.add(int(cur.ids[cur.selected]))
+            assert np.isfinite(cur.probs).all() and cur.probs.sum() == pytest.approx(1.0)
+    assert picks == {1, 3}
+
+
+def test_dist_over_logits_at_plus_infinity_draws_among_them():
+    # a logit bias of +inf on two tokens: exp(inf - inf) would be NaN; the draw is between those two
+    logits = np.array([0.0, np.inf, 5.0, np.inf], np.float32)
+    dist = make_sampler("dist", seed=4)
+    picks = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(20):
+            cur = TokenDataArray.from_logits(logits)
+            dist.apply(cur)
+            picks.add(int(cur.ids[cur.selected]))
+    assert picks == {1, 3}
 
 def test_temp_ext_moves_temperature_with_entropy_within_its_range():
     t, delta = 1.0, 0.5

@@ -53,7 +53,10 @@ class Dist(SamplerBase):
             cur.selected = 0
             return
         peak = cur.logits[0] if cur.sorted else cur.logits.max()
-        weights = np.exp(cur.logits - peak)
+        if np.isposinf(peak):   # logits over a tiny temperature overflowed: the limit weighs only the +inf ones
+            weights = (cur.logits == peak).astype(np.float32)
+        else:
+            weights = np.exp(cur.logits - peak)
         running = np.cumsum(weights, dtype=np.float64)  # sequential, in double, as llama.cpp sums
         total = running[-1]
         target = total * self._rng.uniform_double()

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 
 def scale_by_temperature(cur: TokenDataArray, t: float) -> None:
-    """logits / t; t <= 0 keeps only the (first) highest logit and sets the rest to -inf."""
+    """logits / t; t <= 0 keeps only the (first) highest logit and sets the rest to -inf; a t > 0 so small that
+    the quotients overflow keeps every highest logit (the limit as t -> 0 of a draw)."""
     if len(cur) == 0:
         return
     if t <= 0.0:
@@ -21,7 +22,13 @@ def scale_by_temperature(cur: TokenDataArray, t: float) -> None:
         logits[best] = cur.logits[best]
         cur.logits = logits
         return
-    cur.logits = cur.logits / np.float32(t)
+    with np.errstate(over="ignore"):
+        scaled = cur.logits / np.float32(t)
+    if np.isinf(scaled[np.isfinite(cur.logits)]).any():
+        # t so small that logits overflowed (and lost their order): its limit, the highest logits (all of a tie)
+        top = cur.logits.max()
+        scaled = np.where(cur.logits == top, top, np.float32(-np.inf)).astype(np.float32)
+    cur.logits = scaled
 
 
 class Temp(SamplerBase):
