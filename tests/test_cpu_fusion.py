@@ -168,23 +168,25 @@ def test_ropes_over_the_same_positions_share_tables_recomputed_at_every_run():
 
 # -- bound matmuls ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("w_type", ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16", "F32"])
-@pytest.mark.parametrize("n", [1, 3])
-def test_bound_mul_mat_equals_mul_mat_bit_for_bit(w_type, n):
-    # a bound quantized product runs _qmm_groups' drivers as a group of one; mul_mat the template's own
-    rows, k = 64, 256
+@pytest.mark.parametrize("n, threads", [(1, 1), (3, 1), (1, 2)])
+def test_bound_mul_mat_equals_mul_mat_bit_for_bit(w_type, n, threads):
+    # on two threads (512 x 256: enough for a parallel region) a quantized product's parallel calls run _qmm_groups'
+    # driver as a group of one, its serial ones and mul_mat the template's
+    rows, k = (64 if threads == 1 else 512), 256
     w_np = randn(rows, k)
     w = w_np if w_type == "F32" else (w_np.astype(np.float16) if w_type == "F16" else quantize(w_np, w_type))
     pw = qmm.pack_weight(w, w_type)
     x = randn(n, k)
     expected, out = np.empty((n, rows), np.float32), np.empty((n, rows), np.float32)
     qmm.mul_mat(pw, x, expected)
-    call = qmm.bind_mul_mat(pw, x, out, n_threads=1)
+    call = qmm.bind_mul_mat(pw, x, out, n_threads=threads)
     call()
     np.testing.assert_array_equal(out, expected)
-    x[...] = randn(n, k)                                  # a bound call reads the array as it is then
-    qmm.mul_mat(pw, x, expected)
-    call()
-    np.testing.assert_array_equal(out, expected)
+    for _ in range(4):                                    # two threads: parallel twice, then serial (thread_choice)
+        x[...] = randn(n, k)                              # a bound call reads the array as it is then
+        qmm.mul_mat(pw, x, expected)
+        call()
+        np.testing.assert_array_equal(out, expected)
 
 
 def test_one_thread_never_starts_a_parallel_region():

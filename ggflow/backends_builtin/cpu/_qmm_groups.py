@@ -7,11 +7,12 @@ serial driver runs them in order, the parallel one splits the whole range among 
 15 tiles for two threads, not 9 parallel and 3 + 3 on one). Each tile is computed by the same tile function
 as a product of its own (``_qmm_template``), so every output is the same bits.
 
-Bound products (``quant_matmul.bind_mul_mat``, ``bind_mul_mats``) on the paths a decode step and a short prompt
-take ("tile" and "quads": the matvec and the packed-word quads) all run these drivers, a single product as a
-group of one: a plan then loads one set of drivers per type, not the template's and these (each loaded driver
-holds a few MiB of code). Products on another path (pairs, AMX: prompts, where a call's cost is nothing beside
-its work) run the template's drivers, a group's one product after another; so does the unbound ``mul_mat``.
+Bound groups (``quant_matmul.bind_mul_mats``) on the paths a decode step and a short prompt take ("tile" and
+"quads": the matvec and the packed-word quads) run these drivers, and so do a single bound product's parallel calls,
+as a group of one: a loaded parallel driver holds ~2.3 MiB of code, so a plan loads one per type, not the
+template's and this one (``quant_matmul._bound_products``). Products on another path (pairs, AMX: prompts, where a
+call's cost is nothing beside its work) run the template's drivers, a group's one product after another; so does
+the unbound ``mul_mat``.
 
 The weights are of one kind, packed into arrays of the same numba types, so one compiled group kernel reads them all;
 its arguments are the template drivers', with the weights and the outputs as three of each (``group_args``).

@@ -348,8 +348,7 @@ def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: in
     calls that never run at the same time (one plan's), which then share one set of activation buffers
     per type and shape (a prompt's would otherwise hold n x k int16 per weight); None: buffers of its own.
 
-    On the tile and quads paths the product runs _qmm_groups' drivers as a group of one (what bind_mul_mats
-    runs: one set of drivers loaded per type).
+    On the tile and quads paths a parallel call runs _qmm_groups' driver as a group of one (``_bound_products``).
 
     x_source: what x is the memory of (the graph node), where it stays unchanged from its first product to
     its last, as a plan's node results do. Products bound in a plan's order with one x_source (a layer's
@@ -404,26 +403,34 @@ def bind_mul_mats(pws: Sequence[PackedWeight], x: np.ndarray, outs: Sequence[np.
 def _bound_products(pws: Sequence[PackedWeight], x: np.ndarray, outs: Sequence[np.ndarray], threads: int,
                     scratch: dict | None, x_source: Hashable | None) -> Callable[[], None]:
     """x quantized into the shared buffers (unless they hold it already), then its products by the weights pws
-    (one kind) into outs: on the tile and quads paths one call of _qmm_groups' drivers for all of them, else
-    the template's drivers, one product after another. Each call parallel or serial, whichever is faster now
-    (thread_choice), where it is large enough for threads; its parallel driver is compiled on first try."""
+    (one kind) into outs: on the tile and quads paths one call for all of them (_qmm_groups' drivers), else the
+    template's drivers, one product after another. Each call parallel or serial, whichever is faster now
+    (thread_choice), where it is large enough for threads; its parallel driver is compiled on first try.
+
+    A single product on those paths runs the template's serial driver but the groups' parallel one, a group of
+    one: a parallel driver holds ~2.3 MiB of code once loaded (a serial one ~0.5), so a plan with groups then
+    loads one per type, and the padding a group of one passes (its weight and output three times: ~0.7 us to
+    unbox) is paid only by products big enough for threads (tens of microseconds)."""
     first, n = pws[0], x.shape[0]
     shared = _activations(scratch, first.vec_dot_type, x)
     path = tmpl.batch_path(first.kind, n)
     if path in groups.GROUP_PATHS:
-        calls = [(pws, groups.group_args(first.kind, [pw.arrays for pw in pws], shared.buffers, outs),
-                  partial(first.drivers.group, path=path))]
+        group = groups.group_args(first.kind, [pw.arrays for pw in pws], shared.buffers, outs)
+        serial = (partial(first.kernel(False, n), first.kind, first.arrays, *shared.buffers, outs[0]) if len(pws) == 1
+                  else partial(first.drivers.group(False, path), *group))
+        calls = [(pws, serial, partial(_call_driver, partial(first.drivers.group, path=path), group))]
     else:
-        calls = [([pw], (pw.kind, pw.arrays, *shared.buffers, out), partial(pw.kernel, n_tokens=n))
-                 for pw, out in zip(pws, outs)]
+        calls = []
+        for pw, out in zip(pws, outs):
+            args = (pw.kind, pw.arrays, *shared.buffers, out)
+            calls.append(([pw], partial(pw.kernel(False, n), *args),
+                          partial(_call_driver, partial(pw.kernel, n_tokens=n), args)))
     products = []
-    for weights, args, driver in calls:
+    for weights, serial, parallel in calls:
         rows = tuple(pw.rows for pw in weights)
-        product = partial(driver(parallel=False), *args)
-        if use_parallel(n * sum(rows) * first.k, threads):
-            product = thread_choice.adaptive((first.w_type, *x.shape, rows, threads),
-                                             partial(_call_driver, driver, args), product)
-        products.append(product)
+        use_threads = use_parallel(n * sum(rows) * first.k, threads)
+        products.append(thread_choice.adaptive((first.w_type, *x.shape, rows, threads), parallel, serial)
+                        if use_threads else serial)
     return _after_quantizing(products[0] if len(products) == 1 else partial(_run_all, products),
                              first.vec_dot_type, x, shared, x_source)
 
