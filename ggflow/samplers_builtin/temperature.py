@@ -22,9 +22,10 @@ def scale_by_temperature(cur: TokenDataArray, t: float) -> None:
         logits[best] = cur.logits[best]
         cur.logits = logits
         return
+    t32 = np.float32(t)       # 0 for a t below float32's smallest subnormal
     with np.errstate(over="ignore"):
-        scaled = cur.logits / np.float32(t)
-    if np.isinf(scaled[np.isfinite(cur.logits)]).any():
+        scaled = cur.logits / t32 if t32 > 0 else None
+    if scaled is None or np.isinf(scaled[np.isfinite(cur.logits)]).any():
         # t so small that logits overflowed (and lost their order): its limit, the highest logits (all of a tie)
         top = cur.logits.max()
         scaled = np.where(cur.logits == top, top, np.float32(-np.inf)).astype(np.float32)
