@@ -53,7 +53,7 @@ class Dist(SamplerBase):
             cur.selected = 0
             return
         peak = cur.logits[0] if cur.sorted else cur.logits.max()
-        if np.isposinf(peak):   # logits over a tiny temperature overflowed: the limit weighs only the +inf ones
+        if np.isposinf(peak):   # logits at +inf (a logit bias): exp(inf - inf) is NaN, they share the draw
             weights = (cur.logits == peak).astype(np.float32)
         else:
             weights = np.exp(cur.logits - peak)

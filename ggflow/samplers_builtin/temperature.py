@@ -22,14 +22,14 @@ def scale_by_temperature(cur: TokenDataArray, t: float) -> None:
         logits[best] = cur.logits[best]
         cur.logits = logits
         return
-    t32 = np.float32(t)       # 0 for a t below float32's smallest subnormal
-    with np.errstate(over="ignore"):
-        scaled = cur.logits / t32 if t32 > 0 else None
-    if scaled is None or np.isinf(scaled[np.isfinite(cur.logits)]).any():
-        # t so small that logits overflowed (and lost their order): its limit, the highest logits (all of a tie)
-        top = cur.logits.max()
-        scaled = np.where(cur.logits == top, top, np.float32(-np.inf)).astype(np.float32)
-    cur.logits = scaled
+    try:
+        # no pass of its own to look for it: a quotient that overflows (or a t that is 0 as a float32) raises
+        with np.errstate(over="raise", divide="raise", invalid="raise"):
+            cur.logits = cur.logits / np.float32(t)
+    except FloatingPointError:
+        # t so small that the logits lost their order: its limit, the highest logits (all of a tie)
+        top = np.nanmax(cur.logits) if not np.isnan(cur.logits).all() else np.nan   # a NaN logit is not the top
+        cur.logits = np.where(cur.logits == top, top, np.float32(-np.inf)).astype(np.float32)
 
 
 class Temp(SamplerBase):
