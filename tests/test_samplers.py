@@ -309,6 +309,13 @@ def test_dist_over_logits_at_plus_infinity_draws_among_them():
             picks.add(int(cur.ids[cur.selected]))
     assert picks == {1, 3}
 
+
+def test_min_p_that_is_zero_as_a_float32_keeps_every_candidate_quietly():
+    logits = random_logits(50, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(applied(make_sampler("min_p", p=1e-200), logits)) == 50
+
 def test_temp_ext_moves_temperature_with_entropy_within_its_range():
     t, delta = 1.0, 0.5
     sampler = make_sampler("temp_ext", t=t, delta=delta, exponent=1.0)

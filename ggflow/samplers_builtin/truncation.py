@@ -111,7 +111,8 @@ class MinP(_ProbabilityCut):
         if self.p <= 0.0 or n == 0:
             return
         peak = cur.logits[0] if cur.sorted else cur.logits.max()
-        floor = np.float32(peak) + np.log(np.float32(self.p))
+        with np.errstate(divide="ignore"):   # a p that is 0 as a float32: log -inf, every candidate kept
+            floor = np.float32(peak) + np.log(np.float32(self.p))
         keep = cur.logits >= floor
         count = int(np.count_nonzero(keep))
         if count >= max(self.min_keep, 1):
