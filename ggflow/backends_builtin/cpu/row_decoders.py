@@ -37,6 +37,13 @@ def _high_bits(raw, i, o):
             | (np.uint32(raw[i, o + 2]) << np.uint32(16)) | (np.uint32(raw[i, o + 3]) << np.uint32(24)))
 
 
+@njit(cache=True, inline="always")
+def _five_bit_pair(raw, i, o, qh, j):
+    """Elements j and j + 16 of a Q5 block whose nibbles start at byte o: byte j's nibbles, fifth bits j and j + 16."""
+    q = np.uint32(raw[i, o + j])
+    return (q & 0x0F) | (((qh >> np.uint32(j)) & 1) << 4), (q >> 4) | (((qh >> np.uint32(j + 16)) & 1) << 4)
+
+
 @njit(cache=True, nogil=True)
 def decode_q4_0(raw, out):
     """raw (n, row bytes) of Q4_0 blocks (d, 16 bytes of nibbles: element j low, j + 16 high) -> out (n, ne0)."""
@@ -71,9 +78,7 @@ def decode_q5_0(raw, out):
             o, y = b * 22, out[i, b * QK:(b + 1) * QK]
             d, qh = _half(raw, i, o), _high_bits(raw, i, o + 2)
             for j in range(16):
-                q = np.uint32(raw[i, o + 6 + j])
-                lo = (q & 0x0F) | (((qh >> np.uint32(j)) & 1) << 4)
-                hi = (q >> 4) | (((qh >> np.uint32(j + 16)) & 1) << 4)
+                lo, hi = _five_bit_pair(raw, i, o + 6, qh, j)
                 y[j] = F32(np.int32(lo) - 16) * d
                 y[j + 16] = F32(np.int32(hi) - 16) * d
 
@@ -86,9 +91,7 @@ def decode_q5_1(raw, out):
             o, y = b * 24, out[i, b * QK:(b + 1) * QK]
             d, m, qh = _half(raw, i, o), _half(raw, i, o + 2), _high_bits(raw, i, o + 4)
             for j in range(16):
-                q = np.uint32(raw[i, o + 8 + j])
-                lo = (q & 0x0F) | (((qh >> np.uint32(j)) & 1) << 4)
-                hi = (q >> 4) | (((qh >> np.uint32(j + 16)) & 1) << 4)
+                lo, hi = _five_bit_pair(raw, i, o + 8, qh, j)
                 y[j] = F32(lo) * d + m
                 y[j + 16] = F32(hi) * d + m
 
