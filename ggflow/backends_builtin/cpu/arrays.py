@@ -46,7 +46,6 @@ class TensorArrays:
             self.shared[key] = np.empty(shape, dtype)
         return self.shared[key]
 
-
     def f32_reader(self, t: Tensor) -> Callable[[], np.ndarray]:
         """A function returning t's values as float32 (numpy shape ne[::-1]), read afresh on each call.
 

@@ -136,8 +136,10 @@ def bind_product_group(steps: Sequence[Tensor], i: int, arrays: TensorArrays, we
     while len(group) > 1 and not weights.kernels.can_group([pack for _, pack in group]):
         group.pop()                               # the products of the first's kind (a Q4_K q and k, a Q6_K v)
     nodes = [node for node, _ in group]
+    if len(nodes) < 2 or b.type.name != "F32":
+        return None
     x_view = arrays.view(b)
-    if len(nodes) < 2 or b.type.name != "F32" or not x_view.flags.c_contiguous:
+    if not x_view.flags.c_contiguous:
         return None
     outs = [arrays.view(node).reshape(-1, node.ne[0]) for node in nodes]
     if any(np.may_share_memory(out, other) for j, out in enumerate(outs) for other in (x_view, *outs[:j])):

@@ -28,7 +28,13 @@ from ggflow.errors import BackendError
 
 Range = tuple[int, int]                 # [lo, hi) along one dim
 Box = tuple[Range, Range, Range, Range]
+Span = tuple[int, int, int]             # (buffer id, first byte, end byte): memory a binding or operand covers
 MASK32 = 0xFFFFFFFF
+
+
+def spans_overlap(a: Span, b: Span) -> bool:
+    """Whether two spans share a byte: the same buffer, byte ranges that intersect."""
+    return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
 
 def unit_of(traits: TypeTraits) -> int:

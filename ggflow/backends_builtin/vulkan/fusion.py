@@ -19,7 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ggflow.backends_builtin.vulkan.dispatch import Box, Operand, Work, box_origin, repeat_of, row_groups, same
+from ggflow.backends_builtin.vulkan.dispatch import (
+    Box, Operand, Work, box_origin, repeat_of, row_groups, same, spans_overlap)
 from ggflow.backends_builtin.vulkan.kernels import BuildContext
 from ggflow.backends_builtin.vulkan.ops_elementwise import x_groups
 from ggflow.core.ops import Op
@@ -63,11 +64,9 @@ def _aliasing_is_safe(operands: Sequence[Operand], written: Sequence[int]) -> bo
         for j, other in enumerate(operands):
             if j == w:
                 continue
-            same_buffer = spans[w][0] == spans[j][0]
-            overlap = same_buffer and spans[w][1] < spans[j][2] and spans[j][1] < spans[w][2]
-            exact = (same_buffer and operands[w].offset == other.offset and operands[w].nb == other.nb
-                     and operands[w].ne == other.ne)
-            if overlap and not exact:
+            exact = (operands[w].buffer is other.buffer and operands[w].offset == other.offset
+                     and operands[w].nb == other.nb and operands[w].ne == other.ne)
+            if spans_overlap(spans[w], spans[j]) and not exact:
                 return False
     return True
 

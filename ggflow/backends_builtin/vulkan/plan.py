@@ -16,15 +16,8 @@ from typing import Any, Sequence
 
 from ggflow.backends_builtin.vulkan import device as devmod
 from ggflow.backends_builtin.vulkan.device import VulkanDevice
-from ggflow.backends_builtin.vulkan.dispatch import Dispatch
+from ggflow.backends_builtin.vulkan.dispatch import Dispatch, spans_overlap
 from ggflow.backends_builtin.vulkan.pipelines import PUSH_CONSTANT_BYTES, DescriptorSets
-
-
-Span = tuple[int, int, int]   # (buffer id, first byte, end byte)
-
-
-def _overlap(a: Span, b: Span) -> bool:
-    return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
 
 def barriers_needed(dispatches: Sequence[Dispatch]) -> list[bool]:
@@ -36,8 +29,8 @@ def barriers_needed(dispatches: Sequence[Dispatch]) -> list[bool]:
     for d in dispatches:
         spans = [(id(buf), offset, offset + size) for buf, offset, size in d.bindings]
         writes = [spans[i] for i in d.pipeline.writes if i < len(spans)]
-        hazard = (any(_overlap(s, w) for s in spans for w in written)
-                  or any(_overlap(w, r) for w in writes for r in read))
+        hazard = (any(spans_overlap(s, w) for s in spans for w in written)
+                  or any(spans_overlap(w, r) for w in writes for r in read))
         needed.append(hazard)
         if hazard:
             written, read = [], []
