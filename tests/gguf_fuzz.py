@@ -27,8 +27,9 @@ import numpy as np
 
 from ggflow.core.gguf_file import ARRAY, STRING, GGUFFile
 from ggflow.errors import GGFlowError
+from tests.data_dir import DATA
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SHARED = DATA
 MODEL_SEEDS = sorted((SHARED / "models").glob("tiny-*.gguf"))
 VOCAB_SEEDS = sorted((SHARED / "vocab").glob("ggml-vocab-*.gguf"))
 

@@ -10,10 +10,11 @@ import pytest
 
 from ggflow.core.chat_template import CHATML_TEMPLATE, ChatTemplate
 from ggflow.errors import ChatTemplateError, GGFlowError
+from tests.data_dir import DATA
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-TEMPLATE_DIR = SHARED / "chat-templates"
+TEMPLATE_DIR = DATA / "chat-templates"
 TEMPLATES = sorted(TEMPLATE_DIR.glob("*.jinja"))
+assert TEMPLATES, f"the chat templates are missing from {TEMPLATE_DIR}"
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 USER = {"role": "user", "content": "Hi there"}
@@ -40,18 +41,12 @@ TEMPLATE_NEEDS = {
 # Mistral Nemo writes the system message into the *last* user turn: with an assistant turn last, it is not shown.
 SYSTEM_ONLY_BEFORE_LAST_USER = {"mistralai-Mistral-Nemo-Instruct-2407"}
 
-needs_templates = pytest.mark.skipif(not TEMPLATES, reason=f"no chat templates at {TEMPLATE_DIR} (../shared absent)")
-
-
 def read_template(name: str) -> str:
     path = TEMPLATE_DIR / f"{name}.jinja"
-    if not path.exists():
-        pytest.skip(f"{path} absent (../shared not checked out)")
     return path.read_text()
 
 
 # -- every real template ------------------------------------------------------------------------------------------
-@needs_templates
 @pytest.mark.parametrize("path", TEMPLATES, ids=[p.stem for p in TEMPLATES])
 @pytest.mark.parametrize("add_generation_prompt", [True, False], ids=["gen", "nogen"])
 def test_real_template_renders_a_conversation(path, add_generation_prompt):
@@ -63,7 +58,6 @@ def test_real_template_renders_a_conversation(path, add_generation_prompt):
         assert "You are terse." in out
 
 
-@needs_templates
 def test_template_rejecting_the_system_role_says_so():
     template = ChatTemplate(read_template("google-gemma-2-2b-it"))
     with pytest.raises(ChatTemplateError, match="System role not supported"):
@@ -77,7 +71,6 @@ CHATML_CONVERSATION = ("<|im_start|>system\nYou are terse.<|im_end|>\n"
 CHATML_PROMPT = "<|im_start|>assistant\n"
 
 
-@needs_templates
 def test_qwen25_chatml_exact():
     template = ChatTemplate(read_template("Qwen-Qwen2.5-7B-Instruct"), eos_token="<|im_end|>")
     assert template.render(CONVERSATION, add_generation_prompt=False) == CHATML_CONVERSATION
@@ -87,7 +80,6 @@ def test_qwen25_chatml_exact():
         "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n")
 
 
-@needs_templates
 def test_llama31_exact():
     template = ChatTemplate(read_template("meta-llama-Llama-3.1-8B-Instruct"),
                             bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
@@ -100,7 +92,6 @@ def test_llama31_exact():
     assert template.render(CONVERSATION) == body + "<|start_header_id|>assistant<|end_header_id|>\n\n"
 
 
-@needs_templates
 def test_llama31_tools_are_rendered_as_indented_json():
     template = ChatTemplate(read_template("meta-llama-Llama-3.1-8B-Instruct"), bos_token="<|begin_of_text|>")
     out = template.render([USER], tools=[WEATHER_TOOL])

@@ -23,8 +23,9 @@ from ggflow.backends_builtin.cpu._qmm_amx import amx_available
 from ggflow.backends_builtin.cpu._qmm_quads import quads_are_exact
 from ggflow.core.types import type_traits
 from ggflow.errors import BackendError, ShapeError
+from tests.data_dir import DATA
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "quant_ggml_seed1.npz"
+GOLDEN = DATA / "golden" / "quant_ggml_seed1.npz"
 U = 2.0 ** -24                       # f32 unit roundoff
 F16_REL = 2.0 ** -11                 # f16 rounding, relative
 LEGACY = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
@@ -35,8 +36,6 @@ TOKENS = [1, 3, 64]
 
 
 def golden():
-    if not GOLDEN.exists():
-        pytest.skip(f"ggml golden data not found at {GOLDEN} (shared/ is beside the repository)")
     return np.load(GOLDEN)
 
 

@@ -1,4 +1,4 @@
-"""End to end against llama.cpp's own logits for the shared tiny models (../shared/models).
+"""End to end against llama.cpp's own logits for the shared tiny models (tests/data/models, from shared/).
 
 llama.cpp ran them with its defaults: F16 KV cache, no flash attention, 2 threads. ggflow follows the
 same numerics (activations quantized to the weight's vec_dot_type, F16 K/V, ggml's GELU table).
@@ -20,16 +20,15 @@ import pytest
 from ggflow.core.batch import Batch
 from ggflow.core.context import Context
 from ggflow.core.model import Model
+from tests.data_dir import DATA
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+SHARED = DATA / "models"
 NAMES = ["tiny-llama-hs-f32", "tiny-llama-hs-q8_0", "tiny-llama-hs-q4_0", "tiny-llama-hs-q4_k_m",
          "tiny-qwen2-hs-f32", "tiny-qwen2-hs-q8_0", "tiny-gpt2-hs-f32", "tiny-gpt2-hs-q8_0"]
 
 
 def rtol(name: str) -> float:
     return 1e-3 if name.endswith("f32") else 5e-2
-
-pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared test models not found at {SHARED}")
 
 
 def load(name: str):

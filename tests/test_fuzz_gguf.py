@@ -21,7 +21,7 @@ BUDGET_S = 10.0   # per case; a tiny model takes ~30 ms (the first decode compil
 MODELS = [p for p in fz.MODEL_SEEDS if p.name in ("tiny-llama-hs-q4_0.gguf", "tiny-gpt2-hs-q8_0.gguf",
                                                    "tiny-qwen2-hs-q8_0.gguf")]
 VOCABS = [p for p in fz.VOCAB_SEEDS if p.name in ("ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf")]
-needs_seeds = pytest.mark.skipif(len(MODELS) < 3, reason=f"tiny shared models absent under {fz.SHARED}/models")
+assert len(MODELS) == 3 and len(VOCABS) == 2, "the seed models and vocabularies are missing from tests/data"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,6 @@ def assert_all_clean(results: list[tuple[str, fz.Outcome]]) -> None:
     assert any(o.kind == "clean" for _, o in results) or any(o.kind == "ran" for _, o in results)
 
 
-@needs_seeds
 @pytest.mark.parametrize("strategy", list(fz.GENERIC))
 def test_generic_mutants_load_and_run_or_raise_a_ggflow_error(strategy, mutant_path):
     results = []
@@ -50,7 +49,6 @@ def test_generic_mutants_load_and_run_or_raise_a_ggflow_error(strategy, mutant_p
     assert_all_clean(results)
 
 
-@needs_seeds
 @pytest.mark.parametrize("seed", MODELS, ids=lambda p: p.name)
 def test_every_key_given_another_type_loads_and_runs_or_raises_a_ggflow_error(seed, mutant_path):
     by_key: dict[str, list] = {}
@@ -67,15 +65,11 @@ def test_every_key_given_another_type_loads_and_runs_or_raises_a_ggflow_error(se
 
 
 def test_the_mutator_is_deterministic():
-    if not MODELS:
-        pytest.skip(f"tiny shared models absent under {fz.SHARED}/models")
     assert fz.mutate(MODELS[0], "byte_flips", 3) == fz.mutate(MODELS[0], "byte_flips", 3)
     assert fz.mutate(MODELS[0], "byte_flips", 3) != fz.mutate(MODELS[0], "byte_flips", 4)
 
 
 def test_an_unmutated_image_serializes_back_to_a_file_that_runs(tmp_path):
-    if not MODELS:
-        pytest.skip(f"tiny shared models absent under {fz.SHARED}/models")
     outcome = fz.run_case(fz.serialize(fz.read_image(MODELS[0])), tmp_path / "same.gguf", budget_s=900)
     assert outcome.kind == "ran", outcome.detail
 

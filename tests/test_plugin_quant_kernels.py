@@ -27,10 +27,11 @@ from ggflow.core.types import TypeTraits, type_traits
 from ggflow.errors import BackendError
 from ggflow.plugins import hookimpl
 from ggflow.plugins.manager import get_plugin_manager
+from tests.data_dir import DATA
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_SRC = REPO / "examples" / "ggflow-example-plugin" / "src"
-TINY_F32 = REPO.parent / "shared" / "models" / "tiny-llama-hs-f32.gguf"
+TINY_F32 = DATA / "models" / "tiny-llama-hs-f32.gguf"
 U = 2.0 ** -24
 
 

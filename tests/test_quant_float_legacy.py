@@ -17,8 +17,9 @@ from hypothesis.extra.numpy import arrays
 import ggflow
 from ggflow.core.types import type_traits
 from ggflow.errors import QuantizationError
+from tests.data_dir import DATA
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "quant_ggml_seed1.npz"
+GOLDEN = DATA / "golden" / "quant_ggml_seed1.npz"
 GOLDEN_TYPES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1"]
 FLOAT_TYPES = ["F32", "F16", "BF16"]
 LEGACY_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1"]
@@ -31,8 +32,6 @@ FAST = settings(max_examples=60, deadline=None)
 
 @pytest.fixture(scope="module")
 def golden():
-    if not GOLDEN.exists():
-        pytest.skip(f"golden quantization data not found at {GOLDEN} (the shared/ folder beside the repo)")
     with np.load(GOLDEN) as z:
         return {k: z[k] for k in z.files}
 

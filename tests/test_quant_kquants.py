@@ -16,8 +16,9 @@ from ggflow.core.types import type_traits
 from ggflow.errors import QuantizationError
 from ggflow.plugins.manager import get_plugin_manager
 from ggflow.quant_builtin import _kquant_encoders, kquants
+from tests.data_dir import DATA
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SHARED = DATA
 GOLDEN = SHARED / "golden" / "quant_ggml_seed1.npz"
 K_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"]
 QK_K = 256
@@ -65,8 +66,6 @@ def assert_error_bounded(x: np.ndarray, name: str) -> None:
 # -- ggml's own outputs ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def golden():
-    if not GOLDEN.exists():
-        pytest.skip(f"ggml golden data not found at {GOLDEN} (the shared/ folder beside the repo)")
     return np.load(GOLDEN)
 
 

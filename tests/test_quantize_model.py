@@ -26,6 +26,7 @@ from ggflow.quantize_model.mixes import MIXES, ModelFacts, TensorDesc, choose_ty
 from ggflow.quantize_model import quantize_model
 from tests.fixtures import tiny_models
 from tests.fixtures.tiny_models import TinySpec, write_tiny_model
+from tests.data_dir import DATA
 
 N_LAYER = 8
 # An 8-layer llama whose rows are all multiples of 256, so K types need no fallback. n_head 4 over
@@ -261,10 +262,10 @@ def test_tensor_bytes_are_ggflow_quantize_of_the_input(llama8, quantized, mix):
             np.testing.assert_array_equal(row_bytes(t), ggflow.quantize(floats, t.tensor_type.name), err_msg=name)
 
 
-SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+SHARED_MODELS = DATA / "models"
 
 
-# ../shared/models holds tiny models that llama.cpp's llama-quantize wrote from the F32 files beside them.
+# tests/data/models holds tiny models that llama.cpp's llama-quantize wrote from the F32 files beside them.
 @pytest.mark.parametrize("f32, llama_cpp_output, mix", [
     ("tiny-llama-hs-f32", "tiny-llama-hs-q4_k_m", "Q4_K_M"), ("tiny-llama-hs-f32", "tiny-llama-hs-q4_0", "Q4_0"),
     ("tiny-llama-hs-f32", "tiny-llama-hs-q8_0", "Q8_0"), ("tiny-qwen2-hs-f32", "tiny-qwen2-hs-q8_0", "Q8_0"),
@@ -272,8 +273,6 @@ SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 ])
 def test_same_tensors_and_metadata_as_llama_quantize(quantized, f32, llama_cpp_output, mix):
     src, ref = SHARED_MODELS / f"{f32}.gguf", SHARED_MODELS / f"{llama_cpp_output}.gguf"
-    if not (src.exists() and ref.exists()):
-        pytest.skip(f"{SHARED_MODELS} has no {src.name} / {ref.name} (the shared data is not beside the repo)")
     out, _ = quantized(src, mix)
     ours, theirs = raw_tensors(out), raw_tensors(ref)
     assert sorted(ours) == sorted(theirs)

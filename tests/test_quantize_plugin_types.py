@@ -24,8 +24,9 @@ from ggflow.plugins.manager import get_plugin_manager
 from ggflow.quantize_model import quantize_model
 from ggflow.quantize_model.mixes import MIXES, ModelFacts, TensorDesc, choose_types, fallback_type, find_mix
 from ggflow.quantize_model.overrides import make_overrides
+from tests.data_dir import DATA
 
-SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+SHARED_MODELS = DATA / "models"
 TINY_LLAMA = SHARED_MODELS / "tiny-llama-hs-f32.gguf"   # 256 wide, 4 layers, n_ff 768, separate output
 TINY_QWEN2 = SHARED_MODELS / "tiny-qwen2-hs-f32.gguf"   # tied output
 
@@ -82,8 +83,7 @@ def ternary_plugin():
 
 
 def shared(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip(f"{path} is absent (the shared test data is not beside the repo)")
+    assert path.exists(), f"{path} is missing from tests/data"
     return path
 
 

@@ -14,8 +14,9 @@ from ggflow.errors import GrammarError
 from ggflow.structured.sampler import GrammarSampler
 from ggflow.structured.tool_calls import (GenericFormat, HermesFormat, Llama3JsonFormat, ToolCallStream, ToolSpec,
                                           detect_format)
+from tests.data_dir import DATA
 
-TEMPLATES = Path(__file__).resolve().parents[1].parent / "shared" / "chat-templates"
+TEMPLATES = DATA / "chat-templates"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
@@ -43,10 +44,7 @@ def vocab():
     ("Qwen3-Coder.jinja", "generic"),          # <tool_call> with XML-style arguments: not Hermes JSON
 ])
 def test_the_format_is_recognised_from_the_template(name, expected):
-    path = TEMPLATES / name
-    if not path.exists():
-        pytest.skip(f"{path} is missing (the shared test data)")
-    assert detect_format(path.read_text()).name == expected
+    assert detect_format((TEMPLATES / name).read_text()).name == expected
 
 
 def test_tool_specs_are_checked():

@@ -20,10 +20,11 @@ from ggflow.core.vocab import (InvalidTokenError, TokenAttr, Vocab, _StreamingCl
                                read_tokenizer_metadata)
 from ggflow.core.vocab.pretokenize import PRE_NAMES, UNSUPPORTED_PRE_TYPES
 from ggflow.errors import GGFlowError, ModelLoadError
+from tests.data_dir import DATA
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-VOCAB_DIR = SHARED / "vocab"
-VOCAB_FILES = sorted(p.name for p in VOCAB_DIR.glob("ggml-vocab-*.gguf")) or ["(no shared/vocab)"]
+VOCAB_DIR = DATA / "vocab"
+VOCAB_FILES = sorted(p.name for p in VOCAB_DIR.glob("ggml-vocab-*.gguf"))
+assert VOCAB_FILES, f"llama.cpp's vocab files are missing from {VOCAB_DIR}"
 
 FAST = settings(max_examples=80, deadline=None)
 
@@ -50,10 +51,7 @@ def _smollm2_path() -> Path | None:
 
 @functools.lru_cache(maxsize=None)
 def shared_vocab(name: str) -> Vocab:
-    path = VOCAB_DIR / name
-    if not path.exists():
-        pytest.skip(f"llama.cpp's vocab files not found at {VOCAB_DIR} (the shared/ folder beside the repo)")
-    return Vocab.from_file(path)
+    return Vocab.from_file(VOCAB_DIR / name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,9 +164,7 @@ def test_add_special_adds_bos_and_eos_exactly_when_the_vocab_says(name):
 
 
 def test_shared_vocabs_cover_both_add_bos_settings():
-    names = [n for n in VOCAB_FILES if (VOCAB_DIR / n).exists()]
-    if not names:
-        pytest.skip(f"llama.cpp's vocab files not found at {VOCAB_DIR}")
+    names = VOCAB_FILES
     # llama-spm (SPM default) and llama-bpe (the llama3 pre-tokenizer's default) add BOS without
     # an add_bos_token key; gpt-2 and qwen2 have no key and do not.
     assert {shared_vocab(n).add_bos for n in names} == {True, False}
@@ -229,8 +225,6 @@ def test_from_gguf_reader_reads_what_from_file_reads(tmp_path):
 
 def test_metadata_reader_matches_gguf_reader_on_a_shared_vocab():
     path = VOCAB_DIR / "ggml-vocab-llama-spm.gguf"
-    if not path.exists():
-        pytest.skip(f"llama.cpp's vocab files not found at {VOCAB_DIR}")
     fast = read_tokenizer_metadata(path)
     reader = gguf.GGUFReader(str(path))
     for key in ("tokenizer.ggml.model", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.add_bos_token"):

@@ -23,6 +23,7 @@ from ggflow.core.batch import Batch
 from ggflow.core.context import DECODE_OK, Context
 from ggflow.core.model import Model
 from tests.vulkan_harness import requires_vulkan
+from tests.data_dir import DATA
 
 pytestmark = requires_vulkan
 
@@ -116,12 +117,11 @@ def test_shifted_positions_rerotate_the_cached_keys_on_vulkan(tiny_model_path, t
 
 
 # -- against llama.cpp's own logits (the shared tiny models) -------------------------------------------------
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+SHARED = DATA / "models"
 LLAMACPP_MODELS = ["tiny-llama-hs-f32", "tiny-llama-hs-q4_0", "tiny-llama-hs-q4_k_m", "tiny-qwen2-hs-q8_0",
                    "tiny-gpt2-hs-f32"]
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared test models not found at {SHARED}")
 @pytest.mark.parametrize("name", LLAMACPP_MODELS)
 def test_greedy_decoding_matches_llamacpp(name):
     """Teacher-forced on llama.cpp's greedy tokens, with the CPU backend's tolerances (tests/test_e2e_llamacpp:

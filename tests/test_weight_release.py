@@ -19,11 +19,10 @@ from ggflow.core.batch import Batch
 from ggflow.core.context import Context
 from ggflow.core.gguf_file import GGUFFile
 from ggflow.core.model import Model
+from tests.data_dir import DATA
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+SHARED = DATA / "models"
 PAGE = mmap.PAGESIZE
-
-pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared test models not found at {SHARED}")
 
 
 def skip_without_pagemap(file: GGUFFile) -> None:
