@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from ggflow.core import ops
+from ggflow.core.experts import Experts, Gating
 from ggflow.core.graph import Graph
 from ggflow.core.tensor import Tensor
 
@@ -142,6 +143,53 @@ class GraphBuilder:
         else:
             h = ops.gelu(self.linear(x, up, up_b))
         return self.linear(h, down, down_b)
+
+    def moe_ffn(self, x: Tensor, experts: Experts, *, gate_inp: Tensor, up_exps: Tensor, down_exps: Tensor,
+                gate_exps: Tensor | None = None, kind: FFN = FFN.SILU_GATED,
+                gate_inp_b: Tensor | None = None, exp_probs_b: Tensor | None = None) -> Tensor:
+        """A mixture of experts in place of the FFN (llama.cpp's build_moe_ffn): each token's router picks
+        experts.n_expert_used of the n_expert FFNs, runs its rows through them only, and sums their outputs
+        weighted by the router's probabilities.
+
+        x [n_embd, n]; gate_inp [n_embd, n_expert] (the router); up_exps / gate_exps [n_embd, n_ff_exp,
+        n_expert], down_exps [n_ff_exp, n_embd, n_expert]; exp_probs_b: a bias added to the probabilities for
+        choosing the experts only (their weights stay unbiased). -> [n_embd, n].
+        """
+        n_embd, n = x.ne[0], x.ne[1]                     # n: n_tokens, or n_outputs after select_outputs
+        n_expert, k = experts.n_expert, experts.n_expert_used
+        logits = self.linear(x, gate_inp, gate_inp_b)                                # [n_expert, n]
+        if experts.gating is Gating.SOFTMAX:
+            probs = ops.soft_max(logits)
+        elif experts.gating is Gating.SIGMOID:
+            probs = ops.sigmoid(logits)
+        else:                                            # SOFTMAX_WEIGHT: softmax over the chosen k below
+            probs = logits
+        chosen = ops.argsort_top_k(probs if exp_probs_b is None else ops.add(probs, exp_probs_b), k)  # [k, n]
+        weights = ops.get_rows(ops.reshape(probs, 1, n_expert, n), chosen)           # [1, k, n]
+        if experts.gating is Gating.SOFTMAX_WEIGHT:
+            weights = ops.reshape(ops.soft_max(ops.reshape(weights, k, n)), 1, k, n)
+        if experts.norm_weights:
+            weights = ops.reshape(weights, k, n)
+            total = ops.clamp(ops.sum_rows(weights), 6.103515625e-5, math.inf)       # no 0 divisor (F16's least)
+            weights = ops.reshape(ops.div(weights, total), 1, k, n)
+        if experts.weights_scale not in (0.0, 1.0):
+            weights = ops.scale(weights, experts.weights_scale)
+        self.graph.expand(weights)
+
+        cur = ops.reshape(x, n_embd, 1, n)                                            # one row for every slot
+        up = ops.mul_mat_id(up_exps, cur, chosen)                                     # [n_ff_exp, k, n]
+        if gate_exps is not None:
+            act = ops.silu if kind is FFN.SILU_GATED else ops.gelu
+            h = ops.mul(act(ops.mul_mat_id(gate_exps, cur, chosen)), up)
+        else:
+            h = ops.gelu(up) if kind is FFN.GELU else ops.silu(up)
+        out = ops.mul(ops.mul_mat_id(down_exps, h, chosen), weights)                 # [n_embd, k, n]
+        self.graph.expand(out)
+        slots = [ops.view(out, (n_embd, n), (out.nb[0], out.nb[2]), i * out.nb[1]) for i in range(k)]
+        total_out = slots[0]
+        for slot in slots[1:]:                                                        # the weighted sum
+            total_out = ops.add(total_out, slot)
+        return ops.cont(total_out) if k == 1 else total_out
 
     def softcap(self, x: Tensor, cap: float) -> Tensor:
         """cap * tanh(x / cap): squash values into (-cap, cap) (attention and final-logit softcapping)."""
