@@ -71,7 +71,7 @@ def test_unnormalised_weights_for_qwen3moe_are_refused(tmp_path):
 @pytest.mark.parametrize("arch", ["qwen3moe", "llama"])
 def test_expert_tensor_with_fewer_experts_than_the_count_is_refused(tmp_path, arch):
     name = "blk.1.ffn_up_exps.weight"
-    with pytest.raises(ModelLoadError, match=rf"{name}.*\[64, 48, 7\], expected \[64, 48, {N_EXPERT}\]"):
+    with pytest.raises(ModelLoadError, match=rf"{name}.*\[64, 64, 7\], expected \[64, 64, {N_EXPERT}\]"):
         load(tmp_path, arch, tensors={name: lambda a: a[:-1].copy()})
 
 

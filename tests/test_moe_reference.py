@@ -4,8 +4,13 @@ Tiny random qwen3moe and Mixtral-style llama models (tests/fixtures/tiny_moe.py:
 used) are run over a prompt in one batch and 16 cached decode steps; the logits of every position must match
 transformers' forward over the whole sequence. F32 weights and KV cache: both sides compute in fp32 and
 differ in summation order only, so the tolerance is 1e-4 of the largest logit, as for the dense models
-(test_e2e_reference.py). The experts chosen are the same on both sides (the routers' margins dwarf
-rounding), so greedy tokens must be equal too.
+(test_e2e_reference.py); rounding of 1e-5 cannot change which experts a token chooses, so greedy tokens
+must be equal too. Quantized experts (Q8_0, Q4_0; everything else F32): transformers runs the experts as
+they decode, and the 6e-2 of test_e2e_reference.py covers ggml's quantized activations. Those move the
+next layer's router logits by up to ~0.1 on these tiny models, where a token's 2nd and 3rd expert are
+often closer than that (most seeds have a gap under 0.03 somewhere): one expert chosen differently moves
+that token's logits by 0.1-0.5, so each quantized case uses a seed whose smallest router margin on its
+tokens is checked to be clear (router_margin), and greedy tokens are not compared there.
 """
 from __future__ import annotations
 
@@ -19,17 +24,18 @@ from tests.test_e2e_reference import N_DECODE, PROMPT, generate
 torch = pytest.importorskip("torch", reason="torch (the reference) is not installed: pip install torch==2.13.0")
 pytest.importorskip("transformers", reason="transformers (the reference) is not installed")
 
-from tests.fixtures.tiny_moe import write_tiny_moe  # noqa: E402
+from tests.fixtures.tiny_moe import router_margin, write_tiny_moe  # noqa: E402
 
 
-@pytest.fixture(scope="module", params=["qwen3moe", "llama"])
-def tiny(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp("moe") / f"{request.param}.gguf"
-    return request.param, path, write_tiny_moe(path, request.param)
+# (arch, experts' type, seed, rtol, smallest router margin the seed must have on these tokens)
+CASES = [("qwen3moe", "F32", 0, 1e-4, 0.0), ("llama", "F32", 0, 1e-4, 0.0),
+         ("qwen3moe", "Q8_0", 8, 6e-2, 0.08), ("llama", "Q4_0", 1, 6e-2, 0.1)]
 
 
-def test_logits_and_greedy_tokens_match_transformers(tiny):
-    arch, path, hf = tiny
+@pytest.mark.parametrize("arch, wtype, seed, rtol, margin", CASES, ids=[f"{a}-{w}" for a, w, *_ in CASES])
+def test_logits_and_greedy_tokens_match_transformers(tmp_path, arch, wtype, seed, rtol, margin):
+    path = tmp_path / f"{arch}-{wtype}.gguf"
+    hf = write_tiny_moe(path, arch, seed=seed, weight_type=wtype)
     model = Model.load(path)
     assert model.hparams.extra["experts"].n_expert == 8
     ctx = Context(model, n_ctx=64, type_k="F32", type_v="F32", backends="cpu")
@@ -37,6 +43,8 @@ def test_logits_and_greedy_tokens_match_transformers(tiny):
     with torch.no_grad():
         ref = hf(torch.tensor([tokens])).logits[0].float().numpy()[: len(ours)]
     err = np.abs(ours - ref).max() / np.abs(ref).max()
-    assert err < 1e-4, f"{arch}: max relative logit error {err:.2e}"
-    hf_greedy = ref[len(PROMPT) - 1:-1].argmax(-1)            # transformers' choice after each position
-    assert tokens[len(PROMPT):] == hf_greedy.tolist()
+    assert err < rtol, f"{arch}: max relative logit error {err:.2e}"
+    assert router_margin(hf, tokens) > margin, "the routers have a near tie here: the case needs another seed"
+    if wtype == "F32":
+        hf_greedy = ref[len(PROMPT) - 1:-1].argmax(-1)        # transformers' choice after each position
+        assert tokens[len(PROMPT):] == hf_greedy.tolist()
