@@ -49,7 +49,7 @@ def routed(n_tokens: int, n_used: int, n_expert: int) -> np.ndarray:
     return np.stack([rng.permutation(n_expert)[:n_used] for _ in range(n_tokens)]).astype(np.int32)
 
 
-@pytest.mark.parametrize("type_name", ["F32", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("type_name", ["F32", "Q8_0", "Q4_K", "MXFP4"])
 @pytest.mark.parametrize("n_tokens, n_b", [(1, 1), (7, 1), (7, 2), (33, 2)])
 def test_mul_mat_id_multiplies_each_row_by_its_chosen_expert(type_name, n_tokens, n_b):
     n_expert, n_used, m, k = 6, 2, 40, 256
