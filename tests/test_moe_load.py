@@ -84,3 +84,13 @@ def test_router_of_the_wrong_width_is_refused(tmp_path):
 def test_expert_width_disagreeing_with_the_key_is_refused(tmp_path):
     with pytest.raises(ModelLoadError, match=r"ffn_gate_exps.*expected \[64, 40, 8\]"):
         load(tmp_path, keys={"expert_feed_forward_length": (40, U32)})
+
+
+def test_granite_without_logit_scale_is_refused(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"granite\.logit_scale"):
+        load(tmp_path, "granite", keys={"logit_scale": None})
+
+
+def test_granite_with_zero_logit_scale_is_refused(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"granite\.logit_scale.*= 0"):
+        load(tmp_path, "granite", keys={"logit_scale": (0.0, gguf.GGUFValueType.FLOAT32)})
