@@ -1,7 +1,7 @@
 """Mixture-of-experts architectures (and granite) end to end against transformers (PyTorch CPU, fp32).
 
 Tiny random qwen3moe and Mixtral-style llama models (tests/fixtures/tiny_moe.py: 2 layers, 8 experts, 2
-used), and a dense granite with its four multipliers set away from 1, are run over a prompt in one batch and 16 cached decode steps; the logits of every position must match
+used), a dense granite with its four multipliers set away from 1 and a phi3 with LongRoPE factors, are run over a prompt in one batch and 16 cached decode steps; the logits of every position must match
 transformers' forward over the whole sequence. F32 weights and KV cache: both sides compute in fp32 and
 differ in summation order only, so the tolerance is 1e-4 of the largest logit, as for the dense models
 (test_e2e_reference.py); rounding of 1e-5 cannot change which experts a token chooses, so greedy tokens
@@ -29,6 +29,7 @@ from tests.fixtures.tiny_moe import router_margin, write_tiny_moe  # noqa: E402
 
 # (arch, experts' type, seed, rtol, smallest router margin the seed must have on these tokens)
 CASES = [("qwen3moe", "F32", 0, 1e-4, 0.0), ("llama", "F32", 0, 1e-4, 0.0), ("granite", "F32", 0, 1e-4, 0.0),
+         ("phi3", "F32", 0, 1e-4, 0.0),
          ("qwen3moe", "Q8_0", 8, 6e-2, 0.08), ("llama", "Q4_0", 1, 6e-2, 0.1)]
 
 
@@ -37,7 +38,7 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, arch, wtype, seed
     path = tmp_path / f"{arch}-{wtype}.gguf"
     hf = write_tiny_moe(path, arch, seed=seed, weight_type=wtype)
     model = Model.load(path)
-    assert model.hparams.extra["experts"].n_expert == (0 if arch == "granite" else 8)
+    assert arch in ("granite", "phi3") or model.hparams.extra["experts"].n_expert == 8
     ctx = Context(model, n_ctx=64, type_k="F32", type_v="F32", backends="cpu")
     tokens, ours = generate(ctx, PROMPT, N_DECODE)
     with torch.no_grad():
@@ -48,3 +49,18 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, arch, wtype, seed
     if wtype == "F32":
         hf_greedy = ref[len(PROMPT) - 1:-1].argmax(-1)        # transformers' choice after each position
         assert tokens[len(PROMPT):] == hf_greedy.tolist()
+
+
+def test_phi3_takes_the_long_rope_factors_past_its_original_context(tmp_path):
+    """A context longer than the original (128) rotates by the long factors (llama.cpp chooses by the
+    context); transformers takes them for a sequence longer than 128, so a 140-token prompt compares both."""
+    from tests.fixtures.tiny_moe import PHI3_ORIG_CTX
+    path = tmp_path / "phi3.gguf"
+    hf = write_tiny_moe(path, "phi3")
+    prompt = [int(t) for t in np.random.default_rng(5).integers(3, 300, PHI3_ORIG_CTX + 12)]
+    ctx = Context(Model.load(path), n_ctx=256, type_k="F32", type_v="F32", backends="cpu")
+    tokens, ours = generate(ctx, prompt, 4)
+    with torch.no_grad():
+        ref = hf(torch.tensor([tokens])).logits[0].float().numpy()[: len(ours)]
+    err = np.abs(ours - ref).max() / np.abs(ref).max()
+    assert err < 1e-4, f"phi3 long context: max relative logit error {err:.2e}"
