@@ -64,3 +64,21 @@ def test_phi3_takes_the_long_rope_factors_past_its_original_context(tmp_path):
         ref = hf(torch.tensor([tokens])).logits[0].float().numpy()[: len(ours)]
     err = np.abs(ours - ref).max() / np.abs(ref).max()
     assert err < 1e-4, f"phi3 long context: max relative logit error {err:.2e}"
+
+
+@pytest.mark.parametrize("arch, wtype", [("qwen3moe", "F32"), ("qwen3moe", "Q8_0"), ("llama", "Q4_0")])
+def test_token_by_token_equals_one_batch_bit_for_bit(tmp_path, arch, wtype):
+    """mul_mat_id groups a prompt's rows by expert; a row's result must not depend on which rows came with it
+    (a prompt's last token re-evaluated alone after a KV-prefix reuse gives the logits the prompt gave)."""
+    from ggflow.core.batch import Batch
+    path = tmp_path / f"{arch}-{wtype}.gguf"
+    write_tiny_moe(path, arch, seed=1, weight_type=wtype)
+    model = Model.load(path)
+    one = Context(model, n_ctx=64, type_k="F32", type_v="F32", backends="cpu")
+    assert one.decode(Batch.from_tokens(PROMPT, all_logits=True)) == 0
+    step = Context(model, n_ctx=64, type_k="F32", type_v="F32", backends="cpu")
+    rows = []
+    for i, tok in enumerate(PROMPT):
+        assert step.decode(Batch.from_tokens([tok], pos0=i)) == 0
+        rows.append(step.get_logits()[0].copy())
+    np.testing.assert_array_equal(np.array(rows), one.get_logits())
