@@ -157,3 +157,29 @@ def test_concat_joins_along_a_dim(dim):
 def test_concat_refuses_other_dims_disagreeing():
     with pytest.raises(ShapeError, match="concat"):
         ops.concat(leaf("F32", randn(2, 3)), leaf("F32", randn(3, 3)), 0)
+
+
+def test_add_id_adds_each_chosen_experts_bias():
+    n, n_expert, n_used, n_tokens = 6, 5, 2, 4
+    a, b, ids = randn(n_tokens, n_used, n), randn(n_expert, n), routed(n_tokens, n_used, n_expert)
+    out = ops.add_id(leaf("F32", a), leaf("F32", b), leaf("I32", ids))
+    run(out)
+    np.testing.assert_array_equal(data_of(out), a + b[ids])
+
+
+def test_soft_max_sinks_counts_each_heads_sink_in_the_sum():
+    n_kv, n_tokens, n_head = 7, 3, 4
+    x, sinks = randn(n_head, n_tokens, n_kv) * 3, randn(n_head) * 2
+    mask = np.zeros((n_tokens, n_kv), np.float32)
+    mask[0, 5:] = -np.inf                                   # a causal-like row
+    out = ops.soft_max_sinks(leaf("F32", x), leaf("F32", mask), 0.5, leaf("F32", sinks))
+    run(out)
+    w = x.astype(np.float64) * 0.5 + mask
+    logits = np.concatenate([w, np.broadcast_to(sinks[:, None, None], (n_head, n_tokens, 1))], axis=-1)
+    e = np.exp(logits - logits.max(-1, keepdims=True))      # HF gpt-oss's: softmax over [w, sink], sink dropped
+    np.testing.assert_allclose(data_of(out), (e / e.sum(-1, keepdims=True))[..., :-1], rtol=1e-6, atol=1e-7)
+
+
+def test_soft_max_sinks_refuses_a_sink_count_other_than_the_heads():
+    with pytest.raises(ShapeError, match="one value per head"):
+        ops.soft_max_sinks(leaf("F32", randn(4, 3, 7)), None, 1.0, leaf("F32", randn(3)))

@@ -50,6 +50,8 @@ class Op(StrEnum):
     DIV = "div"
     CLAMP = "clamp"
     CONCAT = "concat"
+    ADD_ID = "add_id"               # a + the rows of b the ids choose (the chosen experts' biases)
+    SOFT_MAX_SINKS = "soft_max_sinks"   # soft_max with one extra logit per head in each row's sum (gpt-oss)
 
     def __repr__(self) -> str:  # messages quote a node's op as the string it equals
         return repr(self.value)
@@ -243,6 +245,24 @@ def soft_max(a: Tensor, mask: Tensor | None = None, scale: float = 1.0) -> Tenso
         if mask.type.name not in ("F32", "F16"):
             raise _fail(Op.SOFT_MAX, f"mask must be F32 or F16, not {mask.type.name}", mask)
     return _op("F32", a.ne, Op.SOFT_MAX, (a,) if mask is None else (a, mask), (float(scale),))
+
+
+def soft_max_sinks(a: Tensor, mask: Tensor | None, scale: float, sinks: Tensor) -> Tensor:
+    """soft_max(a * scale + mask) where each row's normalisation also counts exp(sinks[head]) (an attention
+    sink: a logit of no value that takes a share of the weight), head = dim 2 of a (ggml_soft_max_ext with
+    ggml_soft_max_add_sinks, as one node: a backend that runs soft_max need not know about sinks)."""
+    if sinks.type.name != "F32" or sinks.nelements != a.ne[2]:
+        raise _fail(Op.SOFT_MAX_SINKS, f"sinks must be F32 with one value per head ({a.ne[2]})", a, sinks)
+    plain = soft_max(a, mask, scale)        # the checks of soft_max
+    return _op("F32", a.ne, Op.SOFT_MAX_SINKS, (*plain.src, sinks), plain.op_params)
+
+
+def add_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """ggml_add_id: a [ne0, n_used, n_tokens] + b[:, ids[e, t]] for b [ne0, n_expert], ids I32 [n_used,
+    n_tokens]: each chosen expert's bias added to its output."""
+    if ids.type.name != "I32" or ids.ne[:2] != a.ne[1:3] or b.ne[0] != a.ne[0] or b.ne[2] != 1:
+        raise _fail(Op.ADD_ID, "a [n, n_used, n_tokens], b [n, n_expert], ids [n_used, n_tokens] I32", a, b, ids)
+    return _op("F32", a.ne, Op.ADD_ID, (a, b, ids))
 
 
 # -- matrix multiplication and lookup ------------------------------------------------------------

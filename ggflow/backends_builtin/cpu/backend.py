@@ -157,6 +157,8 @@ def _kernel_binders() -> dict[Op, Binder]:
         Op.DIV: kernels_routing.bind_div,
         Op.CLAMP: kernels_routing.bind_clamp,
         Op.CONCAT: kernels_routing.bind_concat,
+        Op.ADD_ID: kernels_routing.bind_add_id,
+        Op.SOFT_MAX_SINKS: kernels_routing.bind_soft_max_sinks,
     }
 
 
