@@ -94,3 +94,18 @@ def test_granite_without_logit_scale_is_refused(tmp_path):
 def test_granite_with_zero_logit_scale_is_refused(tmp_path):
     with pytest.raises(ModelLoadError, match=r"granite\.logit_scale.*= 0"):
         load(tmp_path, "granite", keys={"logit_scale": (0.0, gguf.GGUFValueType.FLOAT32)})
+
+
+def test_gpt_oss_without_a_sliding_window_is_refused(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"gpt-oss\.attention\.sliding_window"):
+        load(tmp_path, "gpt-oss", keys={"attention.sliding_window": None})
+
+
+def test_gpt_oss_with_softmax_gating_is_refused(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"expert_gating_func.*= 1 \(softmax\) but gpt-oss routes with 3"):
+        load(tmp_path, "gpt-oss", keys={"expert_gating_func": (1, U32)})
+
+
+def test_gpt_oss_with_another_rope_scaling_is_refused(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"rope\.scaling\.type.*'linear'"):
+        load(tmp_path, "gpt-oss", keys={"rope.scaling.type": ("linear", gguf.GGUFValueType.STRING)})

@@ -31,6 +31,11 @@ class FFN(Enum):
     SILU_GATED = "silu_gated"   # down(silu(gate(x)) * up(x)): llama, qwen (SwiGLU)
     GELU_GATED = "gelu_gated"   # down(gelu(gate(x)) * up(x)): GEGLU (gelu with the tanh approximation)
     GELU = "gelu"               # down(gelu(up(x))): gpt2
+    SWIGLU_OAI = "swiglu_oai"   # experts only: down(g * sigmoid(1.702 g) * (clamp(up(x), -7, 7) + 1)),
+                                # g = min(gate(x), 7) (gpt-oss; ggml_swiglu_oai)
+
+
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0   # llama.cpp's constants for gpt-oss's experts
 
 
 class GraphBuilder:
@@ -106,12 +111,13 @@ class GraphBuilder:
                         n_ctx_orig=hp.n_ctx_train, attn_factor=attn_factor, freq_factors=freq_factors)
 
     def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None,
-                  softcap: float | None = None) -> Tensor:
+                  softcap: float | None = None, sinks: Tensor | None = None) -> Tensor:
         """Write this ubatch's K/V into the memory, attend over its first n_kv cells.
 
         q [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens] -> [n_embd_v, n_tokens].
         softmax(kq * kq_scale + mask) with the mask the memory gives layer il (a sliding-window layer's is
-        windowed); softcap: kq = softcap * tanh(kq / softcap) first (attention logit softcapping).
+        windowed); softcap: kq = softcap * tanh(kq / softcap) first (attention logit softcapping); sinks
+        [n_head]: one more logit per head in each softmax's sum, whose value is dropped (gpt-oss).
         """
         mem, inp = self.memory, self.inp_memory
         # The writes are expanded first so every read below comes after them in the graph order.
@@ -125,7 +131,10 @@ class GraphBuilder:
         if softcap is not None:
             kq = self.softcap(kq, softcap)
         scale = kq_scale if kq_scale is not None else 1.0 / math.sqrt(self.hp.n_embd_head_k)
-        kq = ops.soft_max(kq, mem.kq_mask(il, inp), scale)
+        if sinks is None:
+            kq = ops.soft_max(kq, mem.kq_mask(il, inp), scale)
+        else:
+            kq = ops.soft_max_sinks(kq, mem.kq_mask(il, inp), scale, sinks)
         values = ops.permute(values, 1, 2, 0, 3)                                 # [n_kv, hd_v, n_head_kv]
         kqv = ops.mul_mat(values, kq)                                            # [hd_v, n_tokens, n_head]
         out = ops.cont(ops.permute(kqv, 0, 2, 1, 3))                             # [hd_v, n_head, n_tokens]
@@ -146,7 +155,9 @@ class GraphBuilder:
 
     def moe_ffn(self, x: Tensor, experts: Experts, *, gate_inp: Tensor, up_exps: Tensor, down_exps: Tensor,
                 gate_exps: Tensor | None = None, kind: FFN = FFN.SILU_GATED,
-                gate_inp_b: Tensor | None = None, exp_probs_b: Tensor | None = None) -> Tensor:
+                gate_inp_b: Tensor | None = None, exp_probs_b: Tensor | None = None,
+                up_exps_b: Tensor | None = None, gate_exps_b: Tensor | None = None,
+                down_exps_b: Tensor | None = None) -> Tensor:
         """A mixture of experts in place of the FFN (llama.cpp's build_moe_ffn): each token's router picks
         experts.n_expert_used of the n_expert FFNs, runs its rows through them only, and sums their outputs
         weighted by the router's probabilities.
@@ -176,14 +187,23 @@ class GraphBuilder:
             weights = ops.scale(weights, experts.weights_scale)
         self.graph.expand(weights)
 
+        def experts_product(w: Tensor, b: Tensor | None, h: Tensor) -> Tensor:
+            y = ops.mul_mat_id(w, h, chosen)
+            return y if b is None else ops.add_id(y, b, chosen)
+
         cur = ops.reshape(x, n_embd, 1, n)                                            # one row for every slot
-        up = ops.mul_mat_id(up_exps, cur, chosen)                                     # [n_ff_exp, k, n]
+        up = experts_product(up_exps, up_exps_b, cur)                                 # [n_ff_exp, k, n]
         if gate_exps is not None:
-            act = ops.silu if kind is FFN.SILU_GATED else ops.gelu
-            h = ops.mul(act(ops.mul_mat_id(gate_exps, cur, chosen)), up)
+            gate = experts_product(gate_exps, gate_exps_b, cur)
+            if kind is FFN.SWIGLU_OAI:
+                gate = ops.clamp(gate, -math.inf, SWIGLU_OAI_LIMIT)
+                glu = ops.mul(gate, ops.sigmoid(ops.scale(gate, SWIGLU_OAI_ALPHA)))
+                h = ops.mul(glu, ops.scale(ops.clamp(up, -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT), 1.0, 1.0))
+            else:
+                h = ops.mul((ops.silu if kind is FFN.SILU_GATED else ops.gelu)(gate), up)
         else:
             h = ops.gelu(up) if kind is FFN.GELU else ops.silu(up)
-        out = ops.mul(ops.mul_mat_id(down_exps, h, chosen), weights)                 # [n_embd, k, n]
+        out = ops.mul(experts_product(down_exps, down_exps_b, h), weights)           # [n_embd, k, n]
         self.graph.expand(out)
         slots = [ops.view(out, (n_embd, n), (out.nb[0], out.nb[2]), i * out.nb[1]) for i in range(k)]
         total_out = slots[0]
