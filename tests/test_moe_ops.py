@@ -85,12 +85,12 @@ def test_mul_mat_id_reads_each_chosen_expert_once_and_no_other(monkeypatch):
     as_, _ = expert_weights("Q8_0", n_expert, m, k)
     ids = np.array([[1, 5], [5, 1], [1, 3], [3, 5], [1, 5], [5, 3]], np.int32)
     calls = []
-    real = quant_matmul.mul_mat
+    real = quant_matmul.PackedWeight.kernel
 
-    def counting(pw, x, out):
-        calls.append((pw, x.shape[0]))
-        real(pw, x, out)
-    monkeypatch.setattr(quant_matmul, "mul_mat", counting)
+    def counting(pw, parallel, n_tokens):               # the kernel of each product run
+        calls.append((pw, n_tokens))
+        return real(pw, parallel, n_tokens)
+    monkeypatch.setattr(quant_matmul.PackedWeight, "kernel", counting)
     run(ops.mul_mat_id(as_, leaf("F32", randn(n_tokens, 1, k)), leaf("I32", ids)))
     assert len(calls) == 3                                  # experts 1, 3 and 5: one product each
     assert sorted(n for _, n in calls) == [3, 4, 5]         # their rows all in it
@@ -183,3 +183,17 @@ def test_soft_max_sinks_counts_each_heads_sink_in_the_sum():
 def test_soft_max_sinks_refuses_a_sink_count_other_than_the_heads():
     with pytest.raises(ShapeError, match="one value per head"):
         ops.soft_max_sinks(leaf("F32", randn(4, 3, 7)), None, 1.0, leaf("F32", randn(3)))
+
+
+def test_mul_mat_id_without_the_packed_kernels_decodes_the_chosen_experts():
+    from ggflow.backends_builtin.cpu import CPUBackend
+    from ggflow.backends_builtin.cpu.kernels_matmul import PackedWeights
+    n_expert, n_used, m, k, n_tokens = 5, 2, 24, 64, 6
+    as_, w = expert_weights("Q8_0", n_expert, m, k)
+    x, ids = randn(n_tokens, 1, k), routed(n_tokens, n_used, n_expert)
+    out = ops.mul_mat_id(as_, leaf("F32", x), leaf("I32", ids))
+    backend = CPUBackend()
+    backend._weights = PackedWeights(None)          # as when quant_matmul is not installed
+    run(out, backend=backend)
+    want = mul_mat_id_reference(w, x, ids, "Q8_0")
+    np.testing.assert_allclose(data_of(out).reshape(want.shape), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
