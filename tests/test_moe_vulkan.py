@@ -14,7 +14,8 @@ from tests.vulkan_harness import requires_vulkan
 
 pytestmark = requires_vulkan
 pytest.importorskip("torch", reason="the tiny MoE models are made in transformers (torch 2.13.0)")
-pytest.importorskip("transformers", reason="the tiny MoE models are made in transformers")
+pytest.importorskip("transformers", minversion="5.0",
+                    reason="the tiny models are written from transformers 5's layouts (fused expert tensors, rope_parameters)")
 
 from tests.fixtures.tiny_moe import write_tiny_moe  # noqa: E402
 
