@@ -159,33 +159,16 @@ class GraphBuilder:
                 up_exps_b: Tensor | None = None, gate_exps_b: Tensor | None = None,
                 down_exps_b: Tensor | None = None) -> Tensor:
         """A mixture of experts in place of the FFN (llama.cpp's build_moe_ffn): each token's router picks
-        experts.n_expert_used of the n_expert FFNs, runs its rows through them only, and sums their outputs
-        weighted by the router's probabilities.
+        experts.n_expert_used of the n_expert FFNs (``moe_route``), runs its rows through them only, and sums
+        their outputs weighted by the router's probabilities.
 
-        x [n_embd, n]; gate_inp [n_embd, n_expert] (the router); up_exps / gate_exps [n_embd, n_ff_exp,
-        n_expert], down_exps [n_ff_exp, n_embd, n_expert]; exp_probs_b: a bias added to the probabilities for
-        choosing the experts only (their weights stay unbiased). -> [n_embd, n].
+        x [n_embd, n]; up_exps / gate_exps [n_embd, n_ff_exp, n_expert], down_exps [n_ff_exp, n_embd,
+        n_expert]; up_exps_b / gate_exps_b [n_ff_exp, n_expert], down_exps_b [n_embd, n_expert]: each expert's
+        biases (ops.add_id); kind: SILU_GATED, GELU_GATED, SWIGLU_OAI, or without gate_exps act(up(x)).
+        -> [n_embd, n].
         """
         n_embd, n = x.ne[0], x.ne[1]                     # n: n_tokens, or n_outputs after select_outputs
-        n_expert, k = experts.n_expert, experts.n_expert_used
-        logits = self.linear(x, gate_inp, gate_inp_b)                                # [n_expert, n]
-        if experts.gating is Gating.SOFTMAX:
-            probs = ops.soft_max(logits)
-        elif experts.gating is Gating.SIGMOID:
-            probs = ops.sigmoid(logits)
-        else:                                            # SOFTMAX_WEIGHT: softmax over the chosen k below
-            probs = logits
-        chosen = ops.argsort_top_k(probs if exp_probs_b is None else ops.add(probs, exp_probs_b), k)  # [k, n]
-        weights = ops.get_rows(ops.reshape(probs, 1, n_expert, n), chosen)           # [1, k, n]
-        if experts.gating is Gating.SOFTMAX_WEIGHT:
-            weights = ops.reshape(ops.soft_max(ops.reshape(weights, k, n)), 1, k, n)
-        if experts.norm_weights:
-            weights = ops.reshape(weights, k, n)
-            total = ops.clamp(ops.sum_rows(weights), 6.103515625e-5, math.inf)       # no 0 divisor (F16's least)
-            weights = ops.reshape(ops.div(weights, total), 1, k, n)
-        if experts.weights_scale not in (0.0, 1.0):
-            weights = ops.scale(weights, experts.weights_scale)
-        self.graph.expand(weights)
+        chosen, weights = self.moe_route(x, experts, gate_inp, gate_inp_b, exp_probs_b)   # [k, n], [1, k, n]
 
         def experts_product(w: Tensor, b: Tensor | None, h: Tensor) -> Tensor:
             y = ops.mul_mat_id(w, h, chosen)
@@ -205,11 +188,42 @@ class GraphBuilder:
             h = ops.gelu(up) if kind is FFN.GELU else ops.silu(up)
         out = ops.mul(experts_product(down_exps, down_exps_b, h), weights)           # [n_embd, k, n]
         self.graph.expand(out)
-        slots = [ops.view(out, (n_embd, n), (out.nb[0], out.nb[2]), i * out.nb[1]) for i in range(k)]
-        total_out = slots[0]
+        slots = [ops.view(out, (n_embd, n), (out.nb[0], out.nb[2]), i * out.nb[1]) for i in range(weights.ne[1])]
+        total = slots[0]
         for slot in slots[1:]:                                                        # the weighted sum
-            total_out = ops.add(total_out, slot)
-        return ops.cont(total_out) if k == 1 else total_out
+            total = ops.add(total, slot)
+        return ops.cont(total) if len(slots) == 1 else total
+
+    def moe_route(self, x: Tensor, experts: Experts, gate_inp: Tensor, gate_inp_b: Tensor | None = None,
+                  exp_probs_b: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Each token's experts and their weights: -> (I32 [k, n], F32 [1, k, n]), k = experts.n_expert_used.
+
+        The router's logits gate_inp @ x (+ gate_inp_b); probabilities by experts.gating (softmax, sigmoid, or
+        for SOFTMAX_WEIGHT the logits, softmaxed over the chosen k); the top k by argsort, on the probabilities
+        plus exp_probs_b where given (the bias chooses, it does not weigh); the weights divided by their sum
+        where experts.norm_weights (the sum kept >= F16's least normal, as llama.cpp), then times
+        experts.weights_scale where it is neither 0 nor 1.
+        """
+        n_expert, k, n = experts.n_expert, experts.n_expert_used, x.ne[1]
+        logits = self.linear(x, gate_inp, gate_inp_b)                                # [n_expert, n]
+        if experts.gating is Gating.SOFTMAX:
+            probs = ops.soft_max(logits)
+        elif experts.gating is Gating.SIGMOID:
+            probs = ops.sigmoid(logits)
+        else:
+            probs = logits
+        chosen = ops.argsort_top_k(probs if exp_probs_b is None else ops.add(probs, exp_probs_b), k)  # [k, n]
+        weights = ops.get_rows(ops.reshape(probs, 1, n_expert, n), chosen)           # [1, k, n]
+        if experts.gating is Gating.SOFTMAX_WEIGHT:
+            weights = ops.reshape(ops.soft_max(ops.reshape(weights, k, n)), 1, k, n)
+        if experts.norm_weights:
+            weights = ops.reshape(weights, k, n)
+            total = ops.clamp(ops.sum_rows(weights), 6.103515625e-5, math.inf)
+            weights = ops.reshape(ops.div(weights, total), 1, k, n)
+        if experts.weights_scale not in (0.0, 1.0):
+            weights = ops.scale(weights, experts.weights_scale)
+        self.graph.expand(weights)
+        return chosen, weights
 
     def softcap(self, x: Tensor, cap: float) -> Tensor:
         """cap * tanh(x / cap): squash values into (-cap, cap) (attention and final-logit softcapping)."""
