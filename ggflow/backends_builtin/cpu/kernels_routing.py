@@ -52,17 +52,14 @@ def bind_div(node: Tensor, arrays: TensorArrays) -> Kernel:
 
 
 def bind_sum_rows(node: Tensor, arrays: TensorArrays) -> Kernel:
-    """Each row summed in float64 from left to right and rounded once, as ggml_vec_sum_f32."""
+    """Each row summed in float64 and rounded once to float32, as ggml_vec_sum_f32 (its sum runs left to
+    right, numpy's pairwise: the float64 sums differ far below a float32 rounding step)."""
     (a,) = node.src
     a_view = arrays.view(a)
     target = F32Target(arrays.view(node), node)
 
     def run() -> None:
-        x = to_f32(a_view, a.type)
-        total = np.zeros(x.shape[:-1], np.float64)
-        for c in range(x.shape[-1]):            # a loop over the columns (a router's n_used), not the rows
-            total += x[..., c]
-        target.array[..., 0] = total.astype(F32)
+        target.array[..., 0] = to_f32(a_view, a.type).sum(axis=-1, dtype=np.float64).astype(F32)
         target.flush()
     return run
 
