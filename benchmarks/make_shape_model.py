@@ -33,6 +33,10 @@ class Shape:
     rope_base: float
     qkv_bias: bool = False
     tied_output: bool = False
+    n_expert: int = 0          # experts per layer in place of the FFN (qwen3moe), 0: dense
+    n_expert_used: int = 0
+    qk_norm: bool = False      # qwen3's RMSNorm over each head of Q and K
+    head_dim: int = 0          # 0: n_embd / n_head
 
 
 SHAPES = {
@@ -44,6 +48,12 @@ SHAPES = {
     # Qwen/Qwen2-0.5B-Instruct's config.json (its vocabulary file holds 151,936 tokens' worth of the 151,646 used)
     "qwen2-0.5b": Shape("qwen2", "ggml-vocab-qwen2.gguf", 896, 24, 14, 2, 4864, 32768, 1000000.0,
                         qkv_bias=True, tied_output=True),
+    # issue 38's Qwen3-MoE-shaped model: 3.6 B total, ~0.5 B active (64 experts of n_ff 768, 8 used)
+    "qwen3moe-3.6b-a0.5b": Shape("qwen3moe", "ggml-vocab-qwen2.gguf", 1024, 24, 16, 4, 768, 32768, 1000000.0,
+                                 n_expert=64, n_expert_used=8, qk_norm=True, head_dim=128),
+    # the same block at a size a shared machine can write and run (4 layers, 32 experts)
+    "qwen3moe-small": Shape("qwen3moe", "ggml-vocab-qwen2.gguf", 1024, 4, 16, 4, 768, 32768, 1000000.0,
+                            n_expert=32, n_expert_used=8, qk_norm=True, head_dim=128),
 }
 
 
@@ -80,7 +90,15 @@ def write_model(shape: Shape, out: Path, seed: int = 0) -> None:
     writer.add_uint32(f"{a}.attention.head_count_kv", shape.n_head_kv)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_float32(f"{a}.rope.freq_base", shape.rope_base)
-    writer.add_uint32(f"{a}.rope.dimension_count", shape.n_embd // shape.n_head)
+    hd = shape.head_dim or shape.n_embd // shape.n_head
+    writer.add_uint32(f"{a}.rope.dimension_count", hd)
+    if shape.head_dim:
+        writer.add_uint32(f"{a}.attention.key_length", hd)
+        writer.add_uint32(f"{a}.attention.value_length", hd)
+    if shape.n_expert:
+        writer.add_uint32(f"{a}.expert_count", shape.n_expert)
+        writer.add_uint32(f"{a}.expert_used_count", shape.n_expert_used)
+        writer.add_uint32(f"{a}.expert_feed_forward_length", shape.n_ff)
     writer.add_uint32("general.file_type", 1)   # mostly F16
 
     def matrix(name: str, rows: int, cols: int) -> None:   # ggml's ne = (cols, rows): numpy (rows, cols)
@@ -89,20 +107,32 @@ def write_model(shape: Shape, out: Path, seed: int = 0) -> None:
     def vector(name: str, n: int, value: float) -> None:
         writer.add_tensor(name, np.full(n, value, np.float32))
 
-    e, hd = shape.n_embd, shape.n_embd // shape.n_head
+    def experts(name: str, rows: int, cols: int) -> None:   # ne = (cols, rows, n_expert)
+        writer.add_tensor(name, (rng.standard_normal((shape.n_expert, rows, cols), np.float32) * 0.02).astype(np.float16))
+
+    e = shape.n_embd
     matrix("token_embd.weight", n_vocab, e)
     for i in range(shape.n_layer):
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", e, 1.0)
-        matrix(p + "attn_q.weight", e, e)
+        matrix(p + "attn_q.weight", shape.n_head * hd, e)
         matrix(p + "attn_k.weight", shape.n_head_kv * hd, e)
         matrix(p + "attn_v.weight", shape.n_head_kv * hd, e)
         if shape.qkv_bias:
             vector(p + "attn_q.bias", e, 0.0)
             vector(p + "attn_k.bias", shape.n_head_kv * hd, 0.0)
             vector(p + "attn_v.bias", shape.n_head_kv * hd, 0.0)
-        matrix(p + "attn_output.weight", e, e)
+        matrix(p + "attn_output.weight", e, shape.n_head * hd)
+        if shape.qk_norm:
+            vector(p + "attn_q_norm.weight", hd, 1.0)
+            vector(p + "attn_k_norm.weight", hd, 1.0)
         vector(p + "ffn_norm.weight", e, 1.0)
+        if shape.n_expert:
+            writer.add_tensor(p + "ffn_gate_inp.weight", rng.standard_normal((shape.n_expert, e), np.float32))
+            experts(p + "ffn_gate_exps.weight", shape.n_ff, e)
+            experts(p + "ffn_up_exps.weight", shape.n_ff, e)
+            experts(p + "ffn_down_exps.weight", e, shape.n_ff)
+            continue
         matrix(p + "ffn_gate.weight", shape.n_ff, e)
         matrix(p + "ffn_up.weight", shape.n_ff, e)
         matrix(p + "ffn_down.weight", e, shape.n_ff)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ggflow.api import arguments as A
-from ggflow.api import shapes
+from ggflow.api import harmony, shapes
 from ggflow.api.completions import array_callables, llama_sampling
 from ggflow.api.logprobs import chat_logprobs
 from ggflow.errors import ArgumentError
@@ -91,6 +91,12 @@ class ChatMixin:
         if calling is not None:
             message, finish = calling.reply(result.text, result.finish_reason)
             out["choices"][0].update(message=message, finish_reason=finish)
+        elif harmony.is_harmony(self.chat_template().source):   # gpt-oss: analysis -> reasoning_content
+            reasoning, content = harmony.split_reply(self.vocab.detokenize(generated, unparse_special=True))
+            message = out["choices"][0]["message"]
+            message["content"] = content
+            if reasoning is not None:
+                message["reasoning_content"] = reasoning
         out["timings"] = result.timings.as_dict()
         return out
 

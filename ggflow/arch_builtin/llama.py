@@ -1,7 +1,9 @@
 """llama: RMSNorm, RoPE (ggml's normal mode, as GGUF stores Q/K), grouped-query attention, SwiGLU FFN.
 
 Covers Llama 2/3, SmolLM, Mistral-style files: optional Q/K/V/O and FFN biases, optional rope_freqs
-(Llama 3 scaling), output tied to the token embedding when the file has no output.weight.
+(Llama 3 scaling), output tied to the token embedding when the file has no output.weight. A file with
+``llama.expert_count`` (Mixtral) has a mixture of SwiGLU experts in place of each FFN: softmax router,
+top n_expert_used, their weights normalised to sum to 1.
 """
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from dataclasses import dataclass
 
 from ggflow.core import ops
 from ggflow.core.arch import Architecture
+from ggflow.core.experts import experts_of, has_experts, is_dense, load_experts, n_expert
 from ggflow.core.graph_builder import FFN, GraphBuilder, Norm
+from ggflow.core.model import HParams, Metadata
 from ggflow.core.tensor import Tensor
 from ggflow.core.weights import optional, per_layer, tensor
 from ggflow.plugins.hookspecs import hookimpl
@@ -27,12 +31,21 @@ class LlamaLayer:
     bv: Tensor | None = optional("blk.{il}.attn_v.bias", lambda hp: (hp.n_embd_v_gqa,))
     bo: Tensor | None = optional("blk.{il}.attn_output.bias", lambda hp: (hp.n_embd,))
     ffn_norm: Tensor = tensor("blk.{il}.ffn_norm.weight", lambda hp: (hp.n_embd,))
-    ffn_gate: Tensor = tensor("blk.{il}.ffn_gate.weight", lambda hp: (hp.n_embd, hp.n_ff))
-    ffn_up: Tensor = tensor("blk.{il}.ffn_up.weight", lambda hp: (hp.n_embd, hp.n_ff))
-    ffn_down: Tensor = tensor("blk.{il}.ffn_down.weight", lambda hp: (hp.n_ff, hp.n_embd))
-    ffn_gate_b: Tensor | None = optional("blk.{il}.ffn_gate.bias", lambda hp: (hp.n_ff,))
-    ffn_up_b: Tensor | None = optional("blk.{il}.ffn_up.bias", lambda hp: (hp.n_ff,))
-    ffn_down_b: Tensor | None = optional("blk.{il}.ffn_down.bias", lambda hp: (hp.n_embd,))
+    ffn_gate: Tensor = tensor("blk.{il}.ffn_gate.weight", lambda hp: (hp.n_embd, hp.n_ff), when=is_dense)
+    ffn_up: Tensor = tensor("blk.{il}.ffn_up.weight", lambda hp: (hp.n_embd, hp.n_ff), when=is_dense)
+    ffn_down: Tensor = tensor("blk.{il}.ffn_down.weight", lambda hp: (hp.n_ff, hp.n_embd), when=is_dense)
+    ffn_gate_b: Tensor | None = optional("blk.{il}.ffn_gate.bias", lambda hp: (hp.n_ff,), when=is_dense)
+    ffn_up_b: Tensor | None = optional("blk.{il}.ffn_up.bias", lambda hp: (hp.n_ff,), when=is_dense)
+    ffn_down_b: Tensor | None = optional("blk.{il}.ffn_down.bias", lambda hp: (hp.n_embd,), when=is_dense)
+    # experts (Mixtral), each [n_embd, n_ff] as the dense FFN's, one per expert along ne[2]
+    ffn_gate_inp: Tensor = tensor("blk.{il}.ffn_gate_inp.weight", lambda hp: (hp.n_embd, n_expert(hp)),
+                                  when=has_experts)
+    ffn_gate_exps: Tensor | None = optional("blk.{il}.ffn_gate_exps.weight",
+                                            lambda hp: (hp.n_embd, hp.n_ff, n_expert(hp)), when=has_experts)
+    ffn_up_exps: Tensor = tensor("blk.{il}.ffn_up_exps.weight", lambda hp: (hp.n_embd, hp.n_ff, n_expert(hp)),
+                                 when=has_experts)
+    ffn_down_exps: Tensor = tensor("blk.{il}.ffn_down_exps.weight", lambda hp: (hp.n_ff, hp.n_embd, n_expert(hp)),
+                                   when=has_experts)
 
 
 @dataclass(kw_only=True)
@@ -49,6 +62,11 @@ class Llama(Architecture):
     weights = LlamaWeights
     rope_type = ops.ROPE_NORMAL
 
+    def load_hparams(self, meta: Metadata) -> HParams:
+        hp = super().load_hparams(meta)
+        hp.extra["experts"] = load_experts(meta, hp.n_ff, required=False, norm_weights=True, n_ff_exp_key=None)
+        return hp
+
     def build_graph(self, b: GraphBuilder):
         hp, w = b.hp, b.w
         x = b.token_embeddings(w.tok_embd)                                        # [n_embd, n_tokens]
@@ -61,8 +79,12 @@ class Llama(Architecture):
                 cur, x = b.select_outputs(cur, x)
             x = ops.add(x, cur)                                                   # residual
             cur = b.norm(x, layer.ffn_norm, None, Norm.RMS)
-            cur = b.ffn(cur, up=layer.ffn_up, gate=layer.ffn_gate, down=layer.ffn_down, kind=FFN.SILU_GATED,
-                        up_b=layer.ffn_up_b, gate_b=layer.ffn_gate_b, down_b=layer.ffn_down_b)
+            if has_experts(hp):
+                cur = b.moe_ffn(cur, experts_of(hp), kind=FFN.SILU_GATED, gate_inp=layer.ffn_gate_inp,
+                                up_exps=layer.ffn_up_exps, gate_exps=layer.ffn_gate_exps, down_exps=layer.ffn_down_exps)
+            else:
+                cur = b.ffn(cur, up=layer.ffn_up, gate=layer.ffn_gate, down=layer.ffn_down, kind=FFN.SILU_GATED,
+                            up_b=layer.ffn_up_b, gate_b=layer.ffn_gate_b, down_b=layer.ffn_down_b)
             x = ops.add(x, cur)                                                   # residual
         x = b.norm(x, w.output_norm, None, Norm.RMS)
         return b.lm_head(x, w.output or w.tok_embd)                               # [n_vocab, n_outputs]

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from ggflow.core import ops
+from ggflow.core.experts import Experts, Gating
 from ggflow.core.graph import Graph
 from ggflow.core.tensor import Tensor
 
@@ -30,6 +31,11 @@ class FFN(Enum):
     SILU_GATED = "silu_gated"   # down(silu(gate(x)) * up(x)): llama, qwen (SwiGLU)
     GELU_GATED = "gelu_gated"   # down(gelu(gate(x)) * up(x)): GEGLU (gelu with the tanh approximation)
     GELU = "gelu"               # down(gelu(up(x))): gpt2
+    SWIGLU_OAI = "swiglu_oai"   # experts only: down(g * sigmoid(1.702 g) * (clamp(up(x), -7, 7) + 1)),
+                                # g = min(gate(x), 7) (gpt-oss; ggml_swiglu_oai)
+
+
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0   # llama.cpp's constants for gpt-oss's experts
 
 
 class GraphBuilder:
@@ -105,12 +111,13 @@ class GraphBuilder:
                         n_ctx_orig=hp.n_ctx_train, attn_factor=attn_factor, freq_factors=freq_factors)
 
     def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None,
-                  softcap: float | None = None) -> Tensor:
+                  softcap: float | None = None, sinks: Tensor | None = None) -> Tensor:
         """Write this ubatch's K/V into the memory, attend over its first n_kv cells.
 
         q [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens] -> [n_embd_v, n_tokens].
         softmax(kq * kq_scale + mask) with the mask the memory gives layer il (a sliding-window layer's is
-        windowed); softcap: kq = softcap * tanh(kq / softcap) first (attention logit softcapping).
+        windowed); softcap: kq = softcap * tanh(kq / softcap) first (attention logit softcapping); sinks
+        [n_head]: one more logit per head in each softmax's sum, whose value is dropped (gpt-oss).
         """
         mem, inp = self.memory, self.inp_memory
         # The writes are expanded first so every read below comes after them in the graph order.
@@ -124,7 +131,10 @@ class GraphBuilder:
         if softcap is not None:
             kq = self.softcap(kq, softcap)
         scale = kq_scale if kq_scale is not None else 1.0 / math.sqrt(self.hp.n_embd_head_k)
-        kq = ops.soft_max(kq, mem.kq_mask(il, inp), scale)
+        if sinks is None:
+            kq = ops.soft_max(kq, mem.kq_mask(il, inp), scale)
+        else:
+            kq = ops.soft_max_sinks(kq, mem.kq_mask(il, inp), scale, sinks)
         values = ops.permute(values, 1, 2, 0, 3)                                 # [n_kv, hd_v, n_head_kv]
         kqv = ops.mul_mat(values, kq)                                            # [hd_v, n_tokens, n_head]
         out = ops.cont(ops.permute(kqv, 0, 2, 1, 3))                             # [hd_v, n_head, n_tokens]
@@ -142,6 +152,78 @@ class GraphBuilder:
         else:
             h = ops.gelu(self.linear(x, up, up_b))
         return self.linear(h, down, down_b)
+
+    def moe_ffn(self, x: Tensor, experts: Experts, *, gate_inp: Tensor, up_exps: Tensor, down_exps: Tensor,
+                gate_exps: Tensor | None = None, kind: FFN = FFN.SILU_GATED,
+                gate_inp_b: Tensor | None = None, exp_probs_b: Tensor | None = None,
+                up_exps_b: Tensor | None = None, gate_exps_b: Tensor | None = None,
+                down_exps_b: Tensor | None = None) -> Tensor:
+        """A mixture of experts in place of the FFN (llama.cpp's build_moe_ffn): each token's router picks
+        experts.n_expert_used of the n_expert FFNs (``moe_route``), runs its rows through them only, and sums
+        their outputs weighted by the router's probabilities.
+
+        x [n_embd, n]; up_exps / gate_exps [n_embd, n_ff_exp, n_expert], down_exps [n_ff_exp, n_embd,
+        n_expert]; up_exps_b / gate_exps_b [n_ff_exp, n_expert], down_exps_b [n_embd, n_expert]: each expert's
+        biases (ops.add_id); kind: SILU_GATED, GELU_GATED, SWIGLU_OAI, or without gate_exps act(up(x)).
+        -> [n_embd, n].
+        """
+        n_embd, n = x.ne[0], x.ne[1]                     # n: n_tokens, or n_outputs after select_outputs
+        chosen, weights = self.moe_route(x, experts, gate_inp, gate_inp_b, exp_probs_b)   # [k, n], [1, k, n]
+
+        def experts_product(w: Tensor, b: Tensor | None, h: Tensor) -> Tensor:
+            y = ops.mul_mat_id(w, h, chosen)
+            return y if b is None else ops.add_id(y, b, chosen)
+
+        cur = ops.reshape(x, n_embd, 1, n)                                            # one row for every slot
+        up = experts_product(up_exps, up_exps_b, cur)                                 # [n_ff_exp, k, n]
+        if gate_exps is not None:
+            gate = experts_product(gate_exps, gate_exps_b, cur)
+            if kind is FFN.SWIGLU_OAI:
+                gate = ops.clamp(gate, -math.inf, SWIGLU_OAI_LIMIT)
+                glu = ops.mul(gate, ops.sigmoid(ops.scale(gate, SWIGLU_OAI_ALPHA)))
+                h = ops.mul(glu, ops.scale(ops.clamp(up, -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT), 1.0, 1.0))
+            else:
+                h = ops.mul((ops.silu if kind is FFN.SILU_GATED else ops.gelu)(gate), up)
+        else:
+            h = ops.gelu(up) if kind is FFN.GELU else ops.silu(up)
+        out = ops.mul(experts_product(down_exps, down_exps_b, h), weights)           # [n_embd, k, n]
+        self.graph.expand(out)
+        slots = [ops.view(out, (n_embd, n), (out.nb[0], out.nb[2]), i * out.nb[1]) for i in range(weights.ne[1])]
+        total = slots[0]
+        for slot in slots[1:]:                                                        # the weighted sum
+            total = ops.add(total, slot)
+        return ops.cont(total) if len(slots) == 1 else total
+
+    def moe_route(self, x: Tensor, experts: Experts, gate_inp: Tensor, gate_inp_b: Tensor | None = None,
+                  exp_probs_b: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Each token's experts and their weights: -> (I32 [k, n], F32 [1, k, n]), k = experts.n_expert_used.
+
+        The router's logits gate_inp @ x (+ gate_inp_b); probabilities by experts.gating (softmax, sigmoid, or
+        for SOFTMAX_WEIGHT the logits, softmaxed over the chosen k); the top k by argsort, on the probabilities
+        plus exp_probs_b where given (the bias chooses, it does not weigh); the weights divided by their sum
+        where experts.norm_weights (the sum kept >= F16's least normal, as llama.cpp), then times
+        experts.weights_scale where it is neither 0 nor 1.
+        """
+        n_expert, k, n = experts.n_expert, experts.n_expert_used, x.ne[1]
+        logits = self.linear(x, gate_inp, gate_inp_b)                                # [n_expert, n]
+        if experts.gating is Gating.SOFTMAX:
+            probs = ops.soft_max(logits)
+        elif experts.gating is Gating.SIGMOID:
+            probs = ops.sigmoid(logits)
+        else:
+            probs = logits
+        chosen = ops.argsort_top_k(probs if exp_probs_b is None else ops.add(probs, exp_probs_b), k)  # [k, n]
+        weights = ops.get_rows(ops.reshape(probs, 1, n_expert, n), chosen)           # [1, k, n]
+        if experts.gating is Gating.SOFTMAX_WEIGHT:
+            weights = ops.reshape(ops.soft_max(ops.reshape(weights, k, n)), 1, k, n)
+        if experts.norm_weights:
+            weights = ops.reshape(weights, k, n)
+            total = ops.clamp(ops.sum_rows(weights), 6.103515625e-5, math.inf)
+            weights = ops.reshape(ops.div(weights, total), 1, k, n)
+        if experts.weights_scale not in (0.0, 1.0):
+            weights = ops.scale(weights, experts.weights_scale)
+        self.graph.expand(weights)
+        return chosen, weights
 
     def softcap(self, x: Tensor, cap: float) -> Tensor:
         """cap * tanh(x / cap): squash values into (-cap, cap) (attention and final-logit softcapping)."""

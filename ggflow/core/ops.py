@@ -43,6 +43,15 @@ class Op(StrEnum):
     CONT = "cont"
     CPY = "cpy"
     SET_ROWS = "set_rows"
+    MUL_MAT_ID = "mul_mat_id"   # mixture of experts: each token's rows times its chosen experts' matrices
+    ARGSORT = "argsort"
+    SIGMOID = "sigmoid"
+    SUM_ROWS = "sum_rows"
+    DIV = "div"
+    CLAMP = "clamp"
+    CONCAT = "concat"
+    ADD_ID = "add_id"               # a + the rows of b the ids choose (the chosen experts' biases)
+    SOFT_MAX_SINKS = "soft_max_sinks"   # soft_max with one extra logit per head in each row's sum (gpt-oss)
 
     def __repr__(self) -> str:  # messages quote a node's op as the string it equals
         return repr(self.value)
@@ -143,6 +152,13 @@ def mul(a: Tensor, b: Tensor) -> Tensor:
     return _op(a.type, a.ne, Op.MUL, (a, b))
 
 
+def div(a: Tensor, b: Tensor) -> Tensor:
+    """a / b, b repeated over a as in add."""
+    if not _can_repeat(b, a):
+        raise _fail(Op.DIV, "b must repeat evenly over a", a, b)
+    return _op(a.type, a.ne, Op.DIV, (a, b))
+
+
 def scale(a: Tensor, s: float, bias: float = 0.0) -> Tensor:
     """a * s + bias."""
     return _op(a.type, a.ne, Op.SCALE, (a,), (float(s), float(bias)))
@@ -159,6 +175,54 @@ def gelu(a: Tensor) -> Tensor:
 
 def tanh(a: Tensor) -> Tensor:
     return _op(a.type, a.ne, Op.TANH, (a,))
+
+
+def sigmoid(a: Tensor) -> Tensor:
+    """1 / (1 + exp(-x)): a sigmoid-gated router's probabilities."""
+    return _op(a.type, a.ne, Op.SIGMOID, (a,))
+
+
+def clamp(a: Tensor, min: float, max: float) -> Tensor:
+    """Each element limited to [min, max] (either may be +-inf)."""
+    return _op(a.type, a.ne, Op.CLAMP, (a,), (float(min), float(max)))
+
+
+def sum_rows(a: Tensor) -> Tensor:
+    """The sum of each row: [ne0, ne1, ne2, ne3] -> [1, ne1, ne2, ne3]."""
+    return _op(a.type, (1, a.ne[1], a.ne[2], a.ne[3]), Op.SUM_ROWS, (a,))
+
+
+def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
+    """a and b joined along dim (0..3); every other dim must agree (ggml_concat)."""
+    if not 0 <= dim < MAX_DIMS or any(a.ne[d] != b.ne[d] for d in range(MAX_DIMS) if d != dim):
+        raise _fail(Op.CONCAT, f"shapes must agree except along dim {dim}", a, b)
+    if a.type.name != b.type.name or a.type.is_quantized:
+        raise _fail(Op.CONCAT, f"a and b must share one float type, not {a.type.name} and {b.type.name}", a, b)
+    ne = list(a.ne)
+    ne[dim] += b.ne[dim]
+    return _op(a.type, ne, Op.CONCAT, (a, b), (int(dim),))
+
+
+# -- ordering ------------------------------------------------------------------------------------
+SORT_ASC, SORT_DESC = 0, 1   # ggml_sort_order
+
+
+def argsort(a: Tensor, order: int = SORT_ASC) -> Tensor:
+    """I32 indices that sort each row of a (F32) ascending or descending; ties keep index order."""
+    if a.type.name != "F32":
+        raise _fail(Op.ARGSORT, f"a must be F32, not {a.type.name}", a)
+    if order not in (SORT_ASC, SORT_DESC):
+        raise _fail(Op.ARGSORT, f"order {order} is neither SORT_ASC nor SORT_DESC", a)
+    return _op("I32", a.ne, Op.ARGSORT, (a,), (int(order),))
+
+
+def argsort_top_k(a: Tensor, k: int) -> Tensor:
+    """The indices of each row's k largest values, largest first: [k, ne1, ne2, ne3] I32, a view of a
+    descending argsort (ggml_argsort_top_k)."""
+    if not 0 < k <= a.ne[0]:
+        raise _fail(Op.ARGSORT, f"k={k} must be in 1..{a.ne[0]} (the row length)", a)
+    order = argsort(a, SORT_DESC)
+    return view(order, (k, a.ne[1], a.ne[2], a.ne[3]), order.nb)
 
 
 # -- normalization -------------------------------------------------------------------------------
@@ -183,6 +247,24 @@ def soft_max(a: Tensor, mask: Tensor | None = None, scale: float = 1.0) -> Tenso
     return _op("F32", a.ne, Op.SOFT_MAX, (a,) if mask is None else (a, mask), (float(scale),))
 
 
+def soft_max_sinks(a: Tensor, mask: Tensor | None, scale: float, sinks: Tensor) -> Tensor:
+    """soft_max(a * scale + mask) where each row's normalisation also counts exp(sinks[head]) (an attention
+    sink: a logit of no value that takes a share of the weight), head = dim 2 of a (ggml_soft_max_ext with
+    ggml_soft_max_add_sinks, as one node: a backend that runs soft_max need not know about sinks)."""
+    if sinks.type.name != "F32" or sinks.nelements != a.ne[2]:
+        raise _fail(Op.SOFT_MAX_SINKS, f"sinks must be F32 with one value per head ({a.ne[2]})", a, sinks)
+    plain = soft_max(a, mask, scale)        # the checks of soft_max
+    return _op("F32", a.ne, Op.SOFT_MAX_SINKS, (*plain.src, sinks), plain.op_params)
+
+
+def add_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """ggml_add_id: a [ne0, n_used, n_tokens] + b[:, ids[e, t]] for b [ne0, n_expert], ids I32 [n_used,
+    n_tokens]: each chosen expert's bias added to its output."""
+    if ids.type.name != "I32" or ids.ne[:2] != a.ne[1:3] or b.ne[0] != a.ne[0] or b.ne[2] != 1:
+        raise _fail(Op.ADD_ID, "a [n, n_used, n_tokens], b [n, n_expert], ids [n_used, n_tokens] I32", a, b, ids)
+    return _op("F32", a.ne, Op.ADD_ID, (a, b, ids))
+
+
 # -- matrix multiplication and lookup ------------------------------------------------------------
 def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     """ggml_mul_mat: a [k, m, A2, A3] x b [k, n, B2, B3] -> F32 [m, n, B2, B3].
@@ -195,6 +277,25 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     if b.type.is_quantized:
         raise _fail(Op.MUL_MAT, f"b must be a float type, not {b.type.name}", b)
     return _op("F32", (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), Op.MUL_MAT, (a, b))
+
+
+def mul_mat_id(as_: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """ggml_mul_mat_id: each token's rows times the matrices of the experts it chose.
+
+    as_ [k, m, n_expert] (one matrix per expert), b [k, n_b, n_tokens] with n_b 1 or dividing n_used,
+    ids I32 [n_used, n_tokens] -> F32 [m, n_used, n_tokens]:
+    out[:, e, t] = as_[:, :, ids[e, t]] @ b[:, e % n_b, t].
+    """
+    if ids.type.name != "I32" or ids.ne[2] != 1 or ids.ne[3] != 1:
+        raise _fail(Op.MUL_MAT_ID, f"ids must be 2-D I32, not {ids.type.name}", ids)
+    if as_.ne[3] != 1 or b.ne[3] != 1 or as_.ne[0] != b.ne[0]:
+        raise _fail(Op.MUL_MAT_ID, "as [k, m, n_expert] and b [k, n, n_tokens] need one row length k", as_, b)
+    if ids.ne[1] != b.ne[2] or ids.ne[0] % b.ne[1]:
+        raise _fail(Op.MUL_MAT_ID, "ids [n_used, n_tokens] must match b [k, n_used or a divisor, n_tokens]",
+                    b, ids)
+    if b.type.is_quantized:
+        raise _fail(Op.MUL_MAT_ID, f"b must be a float type, not {b.type.name}", b)
+    return _op("F32", (as_.ne[1], ids.ne[0], b.ne[2], 1), Op.MUL_MAT_ID, (as_, b, ids))
 
 
 def get_rows(a: Tensor, rows: Tensor) -> Tensor:

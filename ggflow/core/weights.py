@@ -29,16 +29,18 @@ class TensorSpec:
     name: str          # the GGUF tensor name; "{il}" stands for the block index
     shape: Shape       # hparams -> expected ne
     required: bool
+    when: Callable[["HParams"], bool] | None = None   # looked up only where this holds (else None)
 
 
-def tensor(name: str, shape: Shape) -> Any:
-    """A field holding a weight the file must have."""
-    return field(metadata={_TENSOR: TensorSpec(name, shape, True)})
+def tensor(name: str, shape: Shape, when: Callable[["HParams"], bool] | None = None) -> Any:
+    """A field holding a weight the file must have; with ``when``, only a file whose hyperparameters satisfy
+    it (a dense FFN where ``n_expert == 0``, the experts where not), and None in the record of the others."""
+    return field(metadata={_TENSOR: TensorSpec(name, shape, True, when)})
 
 
-def optional(name: str, shape: Shape) -> Any:
+def optional(name: str, shape: Shape, when: Callable[["HParams"], bool] | None = None) -> Any:
     """A field holding a weight some files have and some don't (a bias, rope_freqs); None when absent."""
-    return field(default=None, metadata={_TENSOR: TensorSpec(name, shape, False)})
+    return field(default=None, metadata={_TENSOR: TensorSpec(name, shape, False, when)})
 
 
 def per_layer(record: type) -> Any:
@@ -64,6 +66,8 @@ def _fill(record: type[R], hp: HParams, tensors: Mapping[str, Tensor], path: str
 
 
 def _lookup(spec: TensorSpec, hp: HParams, tensors: Mapping[str, Tensor], path: str, il: int | None) -> Tensor | None:
+    if spec.when is not None and not spec.when(hp):
+        return None
     name, ne = spec.name.format(il=il), tuple(spec.shape(hp))
     t = tensors.get(name)
     if t is None:

@@ -104,7 +104,8 @@ class CPUBackend(Backend):
         written = {n.view_src.base() for n in nodes if n.op in IN_PLACE and n.view_src is not None}
         binders = {**_kernel_binders(), Op.MUL_MAT: partial(_mul_mat_binder(), weights=self.packed_weights,
                                                               n_threads=self.n_threads,
-                                                              masked=masked_products(nodes), written=written)}
+                                                              masked=masked_products(nodes), written=written),
+                   Op.MUL_MAT_ID: partial(_mul_mat_id_binder(), weights=self.packed_weights, n_threads=self.n_threads)}
         from ggflow.backends_builtin.cpu.fusion import bind_fused
         from ggflow.backends_builtin.cpu.kernels_matmul import bind_product_group
         steps = [n for n in nodes if n.op not in PURE_VIEWS and n.nelements != 0]   # views compute nothing
@@ -134,7 +135,7 @@ class CPUBackend(Backend):
 
 def _kernel_binders() -> dict[Op, Binder]:
     from ggflow.backends_builtin.cpu import (
-        kernels_rows, kernels_elementwise, kernels_norm, kernels_rope, kernels_softmax)
+        kernels_rows, kernels_elementwise, kernels_norm, kernels_rope, kernels_routing, kernels_softmax)
     return {
         Op.ADD: kernels_elementwise.bind_add,
         Op.MUL: kernels_elementwise.bind_mul,
@@ -150,6 +151,14 @@ def _kernel_binders() -> dict[Op, Binder]:
         Op.SET_ROWS: kernels_rows.bind_set_rows,
         Op.CPY: kernels_rows.bind_cpy,
         Op.CONT: kernels_rows.bind_cont,
+        Op.ARGSORT: kernels_routing.bind_argsort,
+        Op.SIGMOID: kernels_routing.bind_sigmoid,
+        Op.SUM_ROWS: kernels_routing.bind_sum_rows,
+        Op.DIV: kernels_routing.bind_div,
+        Op.CLAMP: kernels_routing.bind_clamp,
+        Op.CONCAT: kernels_routing.bind_concat,
+        Op.ADD_ID: kernels_routing.bind_add_id,
+        Op.SOFT_MAX_SINKS: kernels_routing.bind_soft_max_sinks,
     }
 
 
@@ -165,3 +174,8 @@ def _reference_binder(op: str) -> Binder | None:
 def _mul_mat_binder() -> Binder:
     from ggflow.backends_builtin.cpu.kernels_matmul import bind_mul_mat
     return bind_mul_mat
+
+
+def _mul_mat_id_binder() -> Binder:
+    from ggflow.backends_builtin.cpu.kernels_mul_mat_id import bind_mul_mat_id
+    return bind_mul_mat_id

@@ -46,6 +46,7 @@ from ggflow.backends_builtin.cpu import _qmm_float as flt
 from ggflow.backends_builtin.cpu import _qmm_groups as groups
 from ggflow.backends_builtin.cpu import _qmm_kquants as kq
 from ggflow.backends_builtin.cpu import _qmm_legacy as leg
+from ggflow.backends_builtin.cpu import _qmm_mxfp4 as mx
 from ggflow.backends_builtin.cpu import _qmm_template as tmpl
 from ggflow.backends_builtin.cpu import entry_points, thread_choice
 from ggflow.backends_builtin.cpu._qmm_layout import TILE
@@ -67,7 +68,7 @@ PARALLEL_MIN_MACS = 1 << 17
 PACK_CHUNK_BYTES = 2 << 20
 MAX_GROUP_WEIGHTS = groups.MAX_WEIGHTS   # bind_mul_mats' most weights in one call
 ACTIVATION_TYPES = ("Q8_0", "Q8_1", "Q8_K")   # the vec_dot_types quantize_activations makes
-_BUILTIN_PIECES: dict[str, BlockPieces] = {**leg.PIECES, **kq.PIECES}
+_BUILTIN_PIECES: dict[str, BlockPieces] = {**leg.PIECES, **kq.PIECES, **mx.PIECES}
 
 # element dtype, bytes per element, activation rounding
 _FLOAT = {
