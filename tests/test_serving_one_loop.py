@@ -133,3 +133,29 @@ def test_a_full_context_ends_with_length_unless_the_server_shifts_it(tmp_path):
             assert n_done == 64 - n_prompt + 1
         else:               # on: it went on past the context, to max_tokens
             assert n_done == n_out
+
+
+def test_n_choices_share_the_prompts_cells_and_greedy_ones_agree_with_llm(llm):
+    from ggflow.core.context import Context
+    from ggflow.core.sampling import SamplingParams
+    from ggflow.generation.engine import Engine
+    from ggflow.generation.request import Done, Request
+
+    engine = Engine(Context(llm.model, n_ctx=512, n_threads=1), n_slots=4)
+    prompt = llm.tokenize(b"Once upon a time, in a small village by the sea,")
+    done: list[Done] = []
+
+    def sink(event):
+        if isinstance(event, Done):
+            done.append(event)
+    greedy = SamplingParams(temperature=0)
+    requests = [Request(prompt, sink, max_tokens=6, sampling=greedy) for _ in range(3)]
+    requests[0].siblings = requests[1:]
+    engine.submit(requests[0])
+    engine.step()   # the prompt is evaluated once, and the two other slots take its cells
+    cells = engine.ctx.memory.n_used
+    assert sum(s.is_busy for s in engine.slots) == 3 and cells < 2 * len(prompt)
+    engine.run_until_idle(TIMEOUT_S)
+    alone = llm.generate(prompt, max_tokens=6, temperature=0)
+    assert len(done) == 3 and all(d.error is None and d.completion.tokens == alone.tokens for d in done)
+    assert [d.completion.timings.cached_n for d in done].count(len(prompt)) == 2   # the siblings evaluated none

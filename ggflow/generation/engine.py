@@ -8,10 +8,15 @@ Each step (llama-server's ``update_slots``):
      the active slot holding the most cells is finished with "length" (so the others go on untouched);
   3. decode it; status 1 (no room, cache unchanged) defers the prompt chunks and retries;
   4. sample a token for every slot whose logits came out, with that request's own sampler chain (the
-     greedy chains that reduce to an argmax: one argmax over all their rows, serving/greedy_rows.py).
+     greedy chains that reduce to an argmax: one argmax over all their rows, greedy_rows.py).
+
+A request with ``siblings`` (n > 1 choices) is admitted into that many idle slots at once: one evaluates the
+prompt, the others wait (FORKED) and then share its cells (``seq_cp``) and sample from the same logits row.
+With ``context_shift`` a sequence that fills the context is shifted (context_shift.py) instead of ending.
 
 The engine is the only code that touches the Context. Other threads only call ``submit`` (and a
-request's ``cancel``) and read ``metrics`` / ``slots_snapshot``; ``run_forever`` is the engine thread.
+request's ``cancel``) and read ``metrics`` / ``slots_snapshot``; ``run_forever`` is the engine thread. ``LLM``
+runs an engine of one slot without a thread: it calls ``step`` itself, holding its caller lock.
 """
 from __future__ import annotations
 
@@ -240,10 +245,10 @@ class Engine:
         for s in self.slots:
             if s.request is not None and s.request.cancelled:
                 self._record_finished(s.finish(FINISH_CANCELLED).timings)
-                for fork in s.forks:   # siblings still waiting for this prompt: they cannot go on alone
-                    if fork.state is SlotState.FORKED:
-                        self._record_finished(fork.finish(FINISH_CANCELLED).timings)
-                s.forks = []
+        for s in self.slots:   # siblings whose shared prompt ended before it was evaluated cannot go on alone
+            if s.state is SlotState.FORKED and (s.leader.request is None or s not in s.leader.forks):
+                self._record_finished(s.finish(FINISH_ERROR, error="the prompt this choice shares ended before "
+                                               "it was evaluated").timings)
 
     def _admit(self) -> None:
         while True:
@@ -272,6 +277,7 @@ class Engine:
             for fork, sibling in zip(slot.forks, request.siblings):
                 self._forget_cache(fork)
                 fork.assign(sibling, 0, self.vocab, forked=True)
+                fork.leader = slot
 
     def _plan(self) -> list[Entry]:
         """This step's tokens, slot by slot, fitting the batch budget and the free KV cells."""
@@ -376,7 +382,7 @@ class Engine:
 
     def _fork(self, slot: Slot) -> list[Slot]:
         """n > 1: the sibling choices waiting for ``slot``'s prompt share its cells from now on."""
-        forks, slot.forks = [s for s in slot.forks if s.state is SlotState.FORKED], []
+        forks, slot.forks = [s for s in slot.forks if s.state is SlotState.FORKED and s.leader is slot], []
         for fork in forks:
             self.ctx.memory.seq_rm(fork.seq_id, 0, -1)
             self.ctx.memory.seq_cp(slot.seq_id, fork.seq_id, 0, -1)

@@ -39,6 +39,7 @@ class Slot:
         self.seq: SequenceState | None = None
         self.pending: int | None = None
         self.forks: list[Slot] = []     # sibling choices waiting for this slot's prompt (n > 1)
+        self.leader: Slot | None = None  # FORKED: the slot evaluating the prompt this one shares
         self.context_shift = False      # a full sequence is shifted by the engine instead of ending
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -130,6 +131,7 @@ class Slot:
             self._send(Done(completion, error, exception))
         now = time.perf_counter()
         self.request, self.state, self.pending, self.t_last_used = None, SlotState.IDLE, None, now
+        self.forks = []
         return completion
 
     # -- reporting -------------------------------------------------------------------------------
