@@ -7,6 +7,7 @@ a context that fills up with ``--context-shift`` on and off.
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -159,3 +160,35 @@ def test_n_choices_share_the_prompts_cells_and_greedy_ones_agree_with_llm(llm):
     alone = llm.generate(prompt, max_tokens=6, temperature=0)
     assert len(done) == 3 and all(d.error is None and d.completion.tokens == alone.tokens for d in done)
     assert [d.completion.timings.cached_n for d in done].count(len(prompt)) == 2   # the siblings evaluated none
+
+
+def test_streamed_chat_logprobs_add_up_to_the_whole_answers(served):
+    client = openai.OpenAI(base_url=f"{served}/v1", api_key="none", timeout=TIMEOUT_S, max_retries=0)
+    whole = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=10, temperature=0,
+                                           logprobs=True, top_logprobs=2)
+    streamed = []
+    for part in client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=10, temperature=0,
+                                               logprobs=True, top_logprobs=2, stream=True):
+        if part.choices and part.choices[0].logprobs is not None:
+            streamed.extend(part.choices[0].logprobs.content)
+    want = whole.choices[0].logprobs.content
+    assert [e.token for e in streamed] == [e.token for e in want]
+    assert all(abs(a.logprob - b.logprob) <= LOGPROB_TOL for a, b in zip(streamed, want))
+
+
+def test_a_streamed_echo_starts_with_the_prompt(served):
+    with httpx.Client(base_url=served, timeout=TIMEOUT_S) as h:
+        body = {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "echo": True}
+        whole = h.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        with h.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            lines = [line[5:].strip() for line in r.iter_lines() if line.startswith("data:")]
+    texts = [json.loads(x)["choices"][0]["text"] for x in lines[:-1]]
+    assert texts[0] == body["prompt"] and "".join(texts) == whole
+
+
+def test_n_above_the_slots_or_streamed_is_a_400(served):
+    with httpx.Client(base_url=served, timeout=TIMEOUT_S) as h:
+        too_many = h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "n": 5})
+        streamed = h.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "n": 2, "stream": True})
+    assert too_many.status_code == 400 and "n=5" in too_many.json()["error"]["message"]
+    assert streamed.status_code == 400 and "stream" in streamed.json()["error"]["message"]
