@@ -16,8 +16,8 @@ import time
 from ggflow.api import default_model_path
 from ggflow.backends_builtin.cpu import thread_choice
 from ggflow.core.sampling_params import SamplingParams
-from ggflow.serving.engine import Engine
-from ggflow.serving.request import Request
+from ggflow.generation.engine import Engine
+from ggflow.generation.request import Request
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "Three primary colors are"]
 MODES = {"adaptive": thread_choice.ThreadChoice.parallel_now,

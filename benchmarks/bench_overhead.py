@@ -3,8 +3,10 @@
 A 30-layer llama with 64-wide layers has SmolLM2's graph (same nodes, same count) but kernels that take
 microseconds, so the time of a decode step is almost all Python: input setting, plan dispatch, logits copy.
 ``plan`` is the compiled plan alone (the kernels' calls), ``step`` the whole Context.decode; ``--by-kernel``
-adds each kernel's time alone, summed by kind.
+adds each kernel's time alone, summed by kind; ``--generate`` also times ``LLM.generate`` per token on the same
+model (the whole generation loop: engine step, sampling, stream decoder) and prints what it adds to a step.
     python benchmarks/bench_overhead.py [--layers 30] [--steps 200] [--weight-type Q4_1] [--no-fuse] [--by-kernel]
+                                        [--generate]
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ def main() -> None:
     ap.add_argument("--no-fuse", action="store_true", help="one kernel per node (CPUBackend.fuse off)")
     ap.add_argument("--by-kernel", action="store_true",
                     help="also time each of the plan's kernels alone and print their medians by kind")
+    ap.add_argument("--generate", action="store_true",
+                    help="also time LLM.generate per token (greedy, end of text banned) on the same model")
     args = ap.parse_args()
     spec = tiny_models.TinySpec("llama", 64, 4, 2, args.layers, 64, 2048)
     with tempfile.TemporaryDirectory() as d:
@@ -65,6 +69,24 @@ def main() -> None:
               f"({1e3 * step / len(graph.nodes):.2f} us per node)")
         if args.by_kernel:
             by_kernel(plan)
+        if args.generate:
+            per_token = generate_per_token(path, args.steps, args.threads)
+            print(f"LLM.generate: median {per_token:.3f} ms per token, {per_token - step:.3f} ms over a decode step")
+
+
+def generate_per_token(path: Path, steps: int, threads: int, rounds: int = 5) -> float:
+    """The median over rounds of (generation time / tokens) of a greedy LLM.generate of ``steps`` tokens."""
+    from ggflow.api import LLM
+
+    llm = LLM(str(path), n_ctx=1024, backend="cpu", n_threads=threads)
+    ban = {t: float("-inf") for t in range(llm.n_vocab()) if llm.vocab.is_eog(t)}
+    times = []
+    for r in range(rounds + 1):
+        llm.reset()
+        out = llm.generate([1, 2, 3, 4], max_tokens=steps, temperature=0, logit_bias=ban)
+        if r:   # the first round compiles and builds the graphs
+            times.append(out.timings.predicted_ms / max(out.timings.predicted_n - 1, 1))
+    return statistics.median(times)
 
 
 def by_kernel(plan, rounds: int = 200) -> None:

@@ -12,7 +12,7 @@ from ggflow.core.context import Context
 from ggflow.core.model import Model
 from ggflow.core.sampling import SamplingParams
 from ggflow.serving import Done, Engine, Piece, PromptTooLongError, QueueFullError, Request
-from ggflow.serving.batch import generate_many
+from ggflow.generation.batch import generate_many
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,",

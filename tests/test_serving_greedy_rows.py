@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ggflow.core.sampling import SamplerChain, SamplingParams, build_chain, make_sampler
-from ggflow.serving.greedy_rows import NO_TOKEN, argmax_plan, argmax_rows
+from ggflow.generation.greedy_rows import NO_TOKEN, argmax_plan, argmax_rows
 
 N_VOCAB = 4096
 

@@ -8,9 +8,10 @@ llama-cpp-python's ``Llama`` methods (see docs/api.md).
     llm.create_chat_completion([{"role": "user", "content": "Hi!"}])
     llm("Q: Name a planet. A:", max_tokens=8, stop="\\n")["choices"][0]["text"]
 
-Modules: llm (the class, generation, context shift), completions and chat (llama-cpp-python's methods),
-tokens, state, logprobs, shapes (the returned dicts), arguments (checks shared with the CLI and server),
-memory_estimate, records, stop, serialize. Names load on first use, so importing this package is cheap.
+Modules: llm (the class: an engine of ggflow.generation with one slot), completions and chat
+(llama-cpp-python's methods), tokens, state, shapes (the returned dicts), arguments (checks shared with the
+CLI and server), memory_estimate, serialize; records, stop and logprobs re-export ggflow.generation's names.
+Names load on first use, so importing this package is cheap.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from ggflow.api import arguments as A
 from ggflow.api import harmony, shapes
 from ggflow.api.completions import array_callables, llama_sampling
-from ggflow.api.logprobs import chat_logprobs
+from ggflow.generation.logprobs import chat_logprobs, generated_entries
 from ggflow.errors import ArgumentError
 
 if TYPE_CHECKING:
@@ -84,8 +84,7 @@ class ChatMixin:
         for _ in gen:
             pass
         result = gen.result
-        generated = result.tokens[:-1] if result.tokens and self.vocab.is_eog(result.tokens[-1]) else result.tokens
-        lp = chat_logprobs(self.vocab, result.logprobs[: len(generated)]) if n_top is not None else None
+        lp = chat_logprobs(self.vocab, generated_entries(self.vocab, result)) if n_top is not None else None
         out = shapes.chat_completion(ident, created, name, result.text, lp, result.finish_reason,
                                      len(result.prompt_tokens), len(result.tokens))
         if calling is not None:

@@ -9,7 +9,7 @@ import numpy as np
 
 from ggflow.api import arguments as A
 from ggflow.api import shapes
-from ggflow.api.logprobs import TokenLogprob, completion_logprobs
+from ggflow.generation.logprobs import completion_logprobs, echoed_entries, generated_entries, without_eog
 from ggflow.errors import ArgumentError, ContextFullError
 
 
@@ -87,20 +87,13 @@ class CompletionMixin:
         return self._completion_dict(gen.result, call)
 
     def _completion_dict(self, result: Any, call: "_CompletionCall") -> dict[str, Any]:
-        generated = _without_eog(self.vocab, result.tokens)
         text = call.prompt + result.text if call.echo else result.text
         lp = None
         if result.logprobs is not None:
-            entries = result.logprobs[: len(generated)]
-            if call.echo:
-                first = 1 if result.prompt_tokens[:1] == [self.vocab.bos_id] else 0
-                head = result.prompt_logprobs[first:]
-                if head:  # OpenAI's idiosyncrasy, kept by llama-cpp-python: the first echoed token has no score
-                    head[0] = TokenLogprob(head[0].token, None, [])
-                entries = head + entries
+            entries = echoed_entries(self.vocab, result) if call.echo else generated_entries(self.vocab, result)
             lp = completion_logprobs(self.vocab, entries, 0 if call.echo else len(call.prompt))
         return shapes.text_completion(call.ident, call.created, call.model, text, lp, result.finish_reason,
-                                      len(result.prompt_tokens), len(generated))
+                                      len(result.prompt_tokens), len(without_eog(self.vocab, result.tokens)))
 
     def _completion_chunks(self, gen: Any, call: "_CompletionCall") -> Iterator[dict[str, Any]]:
         offset, seen = len(call.prompt), 0
@@ -121,8 +114,3 @@ class _CompletionCall:
     def __init__(self, ident: str, created: int, model: str, prompt: str, echo: bool, logprobs: bool):
         self.ident, self.created, self.model, self.prompt, self.echo = ident, created, model, prompt, echo
         self.logprobs = logprobs
-
-
-def _without_eog(vocab: Any, tokens: list[int]) -> list[int]:
-    """The generated tokens as llama-cpp-python counts them: an end-of-generation token is not one."""
-    return tokens[:-1] if tokens and vocab.is_eog(tokens[-1]) else tokens

@@ -1,17 +1,18 @@
 """``LLM``: a model, its context, and generation over them (the native ``generate``; llama-cpp-python's
 ``Llama`` methods come from the mixins of completions.py, chat.py, state.py and embeddings.py).
 
-The KV cache keeps the last prompt + completion: a call whose prompt shares a prefix with it evaluates only
-the rest. Calls from several threads take turns (serialize.py). A full context ends a generation with
-finish_reason "length" and ``context_full``; with ``context_shift=True`` it is shifted instead, as
-llama.cpp does: the first ``n_keep`` tokens stay, half of the rest is dropped, and the keys after the gap
-are re-rotated to their new positions.
+An ``LLM`` is an engine with one slot (ggflow.generation.engine), stepped in the caller's thread: the same
+loop, sampler chain, stop strings, logprobs and context shift as ``ggflow serve``. The KV cache (sequence 0)
+keeps the last prompt + completion: a call whose prompt shares a prefix with it evaluates only the rest.
+Calls from several threads take turns (serialize.py). A full context ends a generation with finish_reason
+"length" and ``context_full``; with ``context_shift=True`` it is shifted instead, as llama.cpp does: the
+first ``n_keep`` tokens stay, half of the rest is dropped, and the keys after the gap are re-rotated to their
+new positions (generation/context_shift.py).
 """
 from __future__ import annotations
 
+import collections
 import os
-import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -20,15 +21,14 @@ from ggflow.api import arguments as A
 from ggflow.api.chat import ChatMixin
 from ggflow.api.completions import CompletionMixin
 from ggflow.api.embeddings import EmbeddingMixin, check_pooling_type
-from ggflow.api.logprobs import sequence_logprobs, token_logprob
 from ggflow.api.model_path import default_model_path
-from ggflow.api.records import FINISH_LENGTH, FINISH_STOP, Completion, Generation, Timings
 from ggflow.api.serialize import CallerLock
 from ggflow.api.state import StateMixin
-from ggflow.api.stop import StopMatcher
 from ggflow.api.tokens import TokensMixin
 from ggflow.core.batch import Batch
 from ggflow.errors import ArgumentError, ContextFullError, GGFlowError
+from ggflow.generation.records import Completion, Generation
+from ggflow.generation.request import Done, Request
 
 # llama-cpp-python Llama(...) options that change nothing here, accepted so a ported script runs as is
 IGNORED_LLAMA_OPTIONS = frozenset({"verbose", "logits_all", "embedding", "n_batch", "n_gpu_layers", "use_mmap",
@@ -62,8 +62,7 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
         self.model_path = os.fspath(model_path) if model_path is not None else default_model_path()
         self.model = self.context = None
         self._lock = CallerLock()
-        self._cached: list[int] = []   # tokens whose K/V sit in sequence 0 of the cache
-        self._reusable = 0             # how many of them a new prompt may reuse (a shift invalidates the rest)
+        self._engine = None            # one slot over sequence 0 of the context
         self._template = None
         if vocab_only:  # the tokenizer alone, as llama.cpp's vocab_only: no weights, no KV cache
             self.vocab = Vocab.from_file(self.model_path)
@@ -83,6 +82,26 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
                            cells=self.model.arch.kv_cells(hp, size, n_ubatch))
         self.context = Context(self.model, n_ctx=size, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
                                backends=backend, n_threads=n_threads)
+        from ggflow.generation.engine import Engine
+        self._engine = Engine(self.context, n_slots=1, max_queue=1, context_shift=self.context_shift,
+                              n_keep=self.n_keep)
+
+    # -- the cache of sequence 0: the tokens whose K/V it holds, and how many a new prompt may reuse ----------
+    @property
+    def _cached(self) -> list[int]:
+        return self._engine.slots[0].cache_tokens if self._engine is not None else []
+
+    @_cached.setter
+    def _cached(self, tokens: list[int]) -> None:
+        self._engine.slots[0].cache_tokens = list(tokens)
+
+    @property
+    def _reusable(self) -> int:
+        return self._engine.slots[0].n_reusable if self._engine is not None else 0
+
+    @_reusable.setter
+    def _reusable(self, n: int) -> None:
+        self._engine.slots[0].n_reusable = n
 
     # -- sizes and special tokens (llama-cpp-python's names) ------------------------------------
     @property
@@ -115,7 +134,7 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
         with self._lock.turn():
             if self.context is not None:
                 self.context.memory.seq_rm(0, 0, -1)
-            self._cached, self._reusable = [], 0
+                self._cached, self._reusable = [], 0
 
     # -- evaluation --------------------------------------------------------------------------------
     def eval_prompt(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
@@ -125,65 +144,24 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
             logits, reused = self._eval_prompt(tokens)
             return logits[-1], reused
 
-    def _eval_prompt(self, tokens: list[int], all_logits: bool = False) -> tuple[np.ndarray, int]:
-        """The logits of the last token ([1, n_vocab]) or of every token, and how many tokens were reused."""
+    def _eval_prompt(self, tokens: list[int]) -> tuple[np.ndarray, int]:
+        """The logits of the last token ([1, n_vocab]) and how many tokens were reused (the caller holds the turn)."""
         ctx = self._require_context()
-        if not tokens:
-            raise ArgumentError("prompt", tokens, "at least one token (an empty prompt has nothing to condition on)")
-        if len(tokens) > ctx.n_ctx:
-            raise ContextFullError(f"the prompt has {len(tokens)} tokens but the context holds {ctx.n_ctx}: "
-                                   f"shorten it or create the LLM with a larger n_ctx")
+        _check_fits(tokens, ctx.n_ctx)
         reuse = 0
-        if not all_logits:  # cached tokens kept no logits: a call that wants them all evaluates them all
-            for a, b in zip(self._cached[: self._reusable], tokens):
-                if a != b:
-                    break
-                reuse += 1
-            reuse = min(reuse, len(tokens) - 1)  # the last token is evaluated again to get its logits
+        for a, b in zip(self._cached[: self._reusable], tokens):
+            if a != b:
+                break
+            reuse += 1
+        reuse = min(reuse, len(tokens) - 1)  # the last token is evaluated again to get its logits
         if not ctx.memory.seq_rm(0, reuse, -1):   # the memory cannot continue from there (a window cache)
             ctx.memory.seq_rm(0, 0, -1)
             reuse = 0
-        self._cached = self._cached[:reuse]
-        self._reusable = reuse
-        if ctx.decode(Batch.from_tokens(tokens[reuse:], pos0=reuse, all_logits=all_logits)) != 0:
+        self._cached, self._reusable = self._cached[:reuse], reuse
+        if ctx.decode(Batch.from_tokens(tokens[reuse:], pos0=reuse)) != 0:
             raise ContextFullError("the KV cache is full")
         self._cached, self._reusable = list(tokens), len(tokens)
         return ctx.get_logits().copy(), reuse
-
-    def _step(self, token: int) -> tuple[np.ndarray | None, bool]:
-        """Evaluate one generated token: (its logits or None when the context is full, whether it shifted)."""
-        ctx = self._require_context()
-        shifted, whole = False, self._reusable == len(self._cached)
-        if len(self._cached) >= ctx.n_ctx:
-            if not self.context_shift:
-                return None, False
-            self._shift_context()
-            shifted = True
-        if ctx.decode(Batch.from_tokens([token], pos0=len(self._cached))) != 0:
-            return None, shifted
-        self._cached.append(token)
-        if whole and not shifted:
-            self._reusable += 1
-        return ctx.get_logits_ith(-1), shifted
-
-    def _shift_context(self) -> None:
-        """llama.cpp's context shift: keep n_keep tokens (and the BOS), drop half of the rest, move the tail back."""
-        memory, n_past = self.context.memory, len(self._cached)
-        n_keep = n_past if self.n_keep < 0 else min(self.n_keep, n_past)
-        if self._cached and self._cached[0] == self.vocab.bos_id and self.n_keep >= 0:
-            n_keep = min(n_keep + 1, n_past)  # always keep the BOS, as llama.cpp's main does
-        n_discard = (n_past - n_keep) // 2
-        if n_discard == 0:
-            raise ContextFullError(f"the context is full and n_keep={self.n_keep} leaves nothing to discard")
-        memory.seq_rm(0, n_keep, n_keep + n_discard)
-        try:
-            memory.seq_add(0, n_keep + n_discard, n_past, -n_discard)
-        except GGFlowError as e:   # a window-sized cache that cannot shift: the sequence is not whole now
-            memory.seq_rm(0, 0, -1)
-            self._cached, self._reusable = [], 0
-            raise ContextFullError(f"the context is full and cannot be shifted: {e}") from None
-        del self._cached[n_keep: n_keep + n_discard]
-        self._reusable = min(self._reusable, n_keep)  # the shifted tail attended to what is gone
 
     def _hidden_states(self, tokens: list[int]) -> np.ndarray:
         """The final hidden states [n_tokens, n_embd] of tokens evaluated alone from position 0 (the caller
@@ -229,17 +207,18 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
         processors = _callables("logits_processor", logits_processor)
         criteria = _callables("stopping_criteria", stopping_criteria)
         self._require_context()
-        constraint = None
+        spec = None
         if grammar is not None or json_schema is not None or response_format is not None:
-            from ggflow.structured import GrammarSampler, grammar_from_request
+            from ggflow.structured import grammar_from_request
             spec = grammar_from_request(grammar, json_schema, response_format)
-            # built (and checked against the vocabulary) now: a bad grammar fails before any work
-            constraint = GrammarSampler(spec, self.vocab) if spec is not None else None
         tokens = (self.vocab.tokenize(prompt, add_special=add_special, parse_special=parse_special)
                   if isinstance(prompt, str) else prompt)
-        chain = self._sampler_chain(params, processors)
-        run = _Run(tokens, max_tokens, stops, chain, n_top, prompt_logprobs, criteria, constraint)
-        generation = Generation(lambda g: self._serialized(run, g))
+        _check_fits(tokens, self.context.n_ctx)
+        request = Request(tokens, lambda event: None, max_tokens=max_tokens, sampling=params, stop=stops,
+                          grammar=spec, n_top=n_top, prompt_logprobs=prompt_logprobs, logits_processors=processors,
+                          stopping_criteria=criteria)
+        self._engine.prepare(request)   # the chain and grammar are built now: bad options fail before any work
+        generation = Generation(lambda g: self._serialized(request, g))
         if stream:
             return generation
         for _ in generation:
@@ -249,71 +228,58 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
 
     def generate_many(self, prompts: "Sequence[str | Sequence[int]]", max_tokens: int = 128, **options: Any
                       ) -> list[Completion]:
-        """Complete many prompts, decoded together (ggflow.serving.batch.generate_many); results in order.
+        """Complete many prompts, decoded together (ggflow.generation.batch.generate_many); results in order.
         The batch uses sequences 1.. of this LLM's cache and holds the turn while it runs."""
-        from ggflow.serving.batch import generate_many
+        from ggflow.generation.batch import generate_many
 
         with self._lock.turn():
             return generate_many(self, prompts, max_tokens, **options)
 
-    def _serialized(self, run: "_Run", generation: Generation) -> Iterator[str]:
+    def _serialized(self, request: Request, generation: Generation) -> Iterator[str]:
+        """The engine's steps in the caller's thread, for one request: its pieces of text as they come."""
+        events: collections.deque = collections.deque()
+        request.on_event = events.append
         with self._lock.turn(generation):
-            yield from self._generate(run, generation)
+            self._engine.submit(request)
+            done = False
+            try:
+                while not done:
+                    self._engine.step()
+                    while events:
+                        event = events.popleft()
+                        if isinstance(event, Done):
+                            done = True
+                            _finish(generation, event)
+                            break
+                        if event.token >= 0:
+                            generation.tokens.append(event.token)
+                            if event.logprob is not None:
+                                generation.logprobs.append(event.logprob)
+                        if event.text:
+                            yield event.text
+            finally:
+                if not done:   # closed early: the slot goes idle, keeping what it evaluated
+                    request.cancel()
+                    self._engine.step()
 
-    def _sampler_chain(self, params: Any, processors: list[Callable]):
-        from ggflow.core.sampling import LogitsProcessorSampler, build_chain
 
-        chain = build_chain(params, vocab_size=self.vocab.n_vocab, vocab=self.vocab)
-        for fn in reversed(processors):
-            chain.samplers.insert(0, LogitsProcessorSampler(fn))
-        return chain
+def _finish(generation: Generation, done: Done) -> None:
+    if done.exception is not None:
+        raise done.exception
+    if done.error is not None:
+        raise GGFlowError(done.error)
+    generation.result = done.completion
+    generation.tokens[:] = done.completion.tokens
+    if done.completion.logprobs is not None:
+        generation.logprobs[:] = done.completion.logprobs
 
-    def _generate(self, run: "_Run", generation: Generation) -> Iterator[str]:
-        prompt = run.prompt
-        t0 = time.perf_counter()
-        logits_all, reused = self._eval_prompt(prompt, all_logits=run.prompt_logprobs)
-        logits = logits_all[-1]
-        timings = Timings(prompt_n=len(prompt) - reused, cached_n=reused, prompt_ms=1e3 * (time.perf_counter() - t0))
-        prompt_lp = sequence_logprobs(logits_all, prompt, run.n_top or 0) if run.prompt_logprobs else None
-        for tok in prompt:  # repetition penalties look at the prompt too
-            run.chain.accept(tok)
-        if run.grammar is not None:  # after the prompt: prompt tokens are not grammar tokens
-            run.chain.samplers.insert(0, run.grammar)
-        decoder = self.vocab.stream_decoder()
-        stops = StopMatcher(run.stops)
-        out = generation.tokens
-        finish, context_full, shifts = FINISH_LENGTH, False, 0
-        limit = run.max_tokens
-        t1 = time.perf_counter()
-        while limit is None or len(out) < limit:
-            token = run.chain.sample(logits)
-            out.append(token)
-            if run.n_top is not None:
-                generation.logprobs.append(token_logprob(logits, token, run.n_top))
-            if self.vocab.is_eog(token):
-                finish = FINISH_STOP
-                break
-            piece, hit = stops.push(decoder.feed(token))
-            if piece:
-                yield piece
-            if hit or any(c(np.asarray(prompt + out, np.intc), logits) for c in run.criteria):
-                finish = FINISH_STOP
-                break
-            if limit is not None and len(out) == limit:
-                break
-            logits, shifted = self._step(token)
-            shifts += shifted
-            if logits is None:
-                context_full = True
-                break
-        if not stops.hit:  # release what the decoder and the stop matcher still hold
-            tail, _ = stops.push(decoder.flush(), final=True)
-            if tail:
-                yield tail
-        timings.predicted_n = len(out)
-        timings.predicted_ms = 1e3 * (time.perf_counter() - t1)
-        generation.result = Completion(stops.text, list(out), list(prompt), finish, timings, context_full, shifts,
-                                       list(generation.logprobs) if run.n_top is not None else None, prompt_lp)
+
+def _check_fits(tokens: list[int], n_ctx: int) -> None:
+    if not tokens:
+        raise ArgumentError("prompt", tokens, "at least one token (an empty prompt has nothing to condition on)")
+    if len(tokens) > n_ctx:
+        raise ContextFullError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}: "
+                               f"shorten it or create the LLM with a larger n_ctx")
 
 
 class ContextSize(int):
@@ -321,19 +287,6 @@ class ContextSize(int):
 
     def __call__(self) -> int:
         return int(self)
-
-
-@dataclass
-class _Run:
-    """One generation's checked arguments."""
-    prompt: list[int]
-    max_tokens: int | None          # None: no limit
-    stops: list[str]
-    chain: Any                      # the SamplerChain
-    n_top: int | None               # logprobs alternatives (None: no logprobs)
-    prompt_logprobs: bool
-    criteria: list[Callable]        # stopping criteria
-    grammar: Any = None             # a ggflow.structured.GrammarSampler the output must follow
 
 
 def _replace(params: Any, **changes: Any) -> Any:

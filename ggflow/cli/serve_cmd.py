@@ -32,6 +32,11 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--cache-type-v", default="F16", help="KV cache type for V (F16, F32)")
     parser.add_argument("--max-queue", type=int_at_least(0), default=64,
                         help="requests that may wait for a slot; more are refused with 503 (default 64)")
+    parser.add_argument("--context-shift", action="store_true",
+                        help="a request that fills the context drops half of its older tokens and goes on "
+                             "(llama-server's --context-shift; default: it ends with finish_reason length)")
+    parser.add_argument("--keep", type=int_at_least(-1), default=0,
+                        help="with --context-shift, prompt tokens kept at the front (-1: all; default 0)")
     parser.add_argument("--api-key", default=os.environ.get("GGFLOW_API_KEY"),
                         help="require 'Authorization: Bearer KEY' (default: $GGFLOW_API_KEY, else none)")
     limits = parser.add_argument_group("limits on one request")
@@ -73,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise GGFlowError(f"model file not found: {path}")
     if args.ray:
         from ggflow.serving.ray_serve import run_cli
-        return run_cli(args, path)
+        return run_cli(args, path, backend_names(args.backend))
     state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key, limits=limits)
 
     def load() -> None:  # /health answers 503 until this is done
@@ -81,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
             engine = Engine.load(path, n_ctx=args.ctx_size, n_slots=args.parallel, n_batch=args.batch_size,
                                  max_queue=args.max_queue, backends=backend_names(args.backend),
                                  n_threads=args.threads, n_ubatch=args.ubatch_size,
-                                 type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper())
+                                 type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper(),
+                                 context_shift=args.context_shift, n_keep=args.keep)
             freeze_loaded_objects()
             engine.start()
             state.engine = engine

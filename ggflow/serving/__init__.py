@@ -5,7 +5,8 @@
     engine.submit(Request(prompt_tokens, on_event=sink.put, max_tokens=64))
 
 ``ggflow.serving.app`` puts the OpenAI-compatible HTTP routes on an engine (``ggflow serve``);
-``ggflow.serving.batch.generate_many`` runs the engine without HTTP over a list of prompts.
+The engine itself lives in ``ggflow.generation`` (``LLM`` runs it too); ``ggflow.generation.batch.generate_many``
+runs it without HTTP over a list of prompts.
 """
 from ggflow.serving.engine import Engine
 from ggflow.serving.request import (Done, EngineStoppedError, Piece, PromptTooLongError, QueueFullError, Request)

@@ -147,7 +147,8 @@ def create_app(state: ServerState) -> FastAPI:
         tokens = engine.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         body = _capped(body, COMPLETION_DEFAULT_MAX_TOKENS, state.limits)
         return await generate(http, engine, body, tokens, ResponseIds(False, state.model_name),
-                              COMPLETION_DEFAULT_MAX_TOKENS, grammar=body.constraint())
+                              COMPLETION_DEFAULT_MAX_TOKENS, grammar=body.constraint(),
+                              prompt_text=prompt if isinstance(prompt, str) else engine.vocab.detokenize(tokens))
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")

@@ -7,19 +7,21 @@ client goes away cancels its request, and the engine frees the slot at its next 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import Request as HTTPRequest
 from fastapi.responses import Response, StreamingResponse
 
-from ggflow.api import Completion
-from ggflow.serving.engine import Engine
+from ggflow.core.sampling import SamplingParams
+from ggflow.generation.engine import Engine
+from ggflow.generation.records import Completion
+from ggflow.generation.request import Done, Piece, Request
 from ggflow.serving.handoff import Mailbox
 from ggflow.serving.openai_params import GenerationBody
-from ggflow.serving.request import Done, Piece, Request
-from ggflow.serving.responses import (ResponseIds, chunk, error_body, error_response, final_chunk, full_response,
-                                     tool_calls_chunk, usage_chunk)
+from ggflow.serving.responses import (ChoiceShape, ResponseIds, chunk, error_body, error_response, final_chunk,
+                                     full_response, tool_calls_chunk, usage_chunk)
 from ggflow.structured.chat_tools import FINISH_TOOL_CALLS
 
 if TYPE_CHECKING:
@@ -55,40 +57,66 @@ class _Events:
 
 async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, tokens: list[int],
                    ids: ResponseIds, default_max_tokens: int, grammar: "Grammar | None" = None,
-                   tools: "ToolCalling | None" = None) -> Any:
+                   tools: "ToolCalling | None" = None, prompt_text: str | None = None) -> Any:
     """Submit the request; answer with the whole completion, or stream it (body.stream). ``grammar``
-    constrains the output; ``tools`` turns a chat reply's tool-call syntax into OpenAI tool_calls."""
-    events = _Events(pieces=body.stream)
-    request = Request(tokens, events.on_event, max_tokens=body.token_limit(default_max_tokens),
-                      sampling=body.sampling(engine.vocab.special.eog), stop=body.stops(), grammar=grammar)
-    engine.submit(request)   # raises the 400 / 503 refusals before anything is sent
+    constrains the output; ``tools`` turns a chat reply's tool-call syntax into OpenAI tool_calls;
+    ``prompt_text`` is what ``echo`` repeats. ``n`` > 1 choices continue from one evaluation of the prompt."""
+    n_top = body.top_logprobs_count(engine.vocab.n_vocab)
+    echo = bool(getattr(body, "echo", False))
+    shape = ChoiceShape(engine.vocab, n_top is not None, prompt_text if echo else None)
+    sampling = body.sampling(engine.vocab.special.eog)
+    events = [_Events(pieces=body.stream) for _ in range(body.n)]
+    requests = [Request(tokens, e.on_event, max_tokens=body.token_limit(default_max_tokens),
+                        sampling=_choice_seed(sampling, i), stop=body.stops(), grammar=grammar, n_top=n_top,
+                        prompt_logprobs=echo and n_top is not None) for i, e in enumerate(events)]
+    requests[0].siblings = requests[1:]
+    engine.submit(requests[0])   # raises the 400 / 503 refusals before anything is sent
     if body.stream:
-        return StreamingResponse(_sse(events, request, ids, body.include_usage, tools),
+        return StreamingResponse(_sse(events[0], requests[0], ids, body.include_usage, tools, shape),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    event: Piece | Done | None = None
+    done: list[Done] = []
     try:
-        while not isinstance(event, Done):   # only Done comes (pieces=False): check the client meanwhile
-            try:
-                event = await asyncio.wait_for(events.queue.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                if await http.is_disconnected():
-                    break
+        for e in events:
+            event = await _wait_done(http, e)
+            if event is None:
+                return Response(status_code=499)   # nobody is listening any more (nginx's "client closed request")
+            if event.error is not None:
+                return error_response(500, event.error, "server_error")
+            done.append(event)
     finally:
-        if not isinstance(event, Done):   # the handler was cancelled: nobody will read the result
-            request.cancel()
-    if not isinstance(event, Done):
-        return Response(status_code=499)   # nobody is listening any more (nginx's "client closed request")
-    if event.error is not None:
-        return error_response(500, event.error, "server_error")
-    return full_response(ids, event.completion, tools)
+        if len(done) < len(requests):   # the handler was cancelled or failed: nobody will read the results
+            for r in requests:
+                r.cancel()
+    return full_response(ids, [d.completion for d in done], tools, shape)
+
+
+async def _wait_done(http: HTTPRequest, events: _Events) -> Done | None:
+    """The request's Done (only Done comes: pieces=False), checking the client meanwhile; None if it left."""
+    while True:
+        try:
+            event = await asyncio.wait_for(events.queue.get(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await http.is_disconnected():
+                return None
+            continue
+        if isinstance(event, Done):
+            return event
+
+
+def _choice_seed(sampling: SamplingParams, index: int) -> SamplingParams:
+    """Choice i of n samples with seed + i, so choices with a fixed seed still differ."""
+    if index == 0 or sampling.seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=(sampling.seed + index) & 0xFFFFFFFF)
 
 
 def _sse_line(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def _closing_lines(ids: ResponseIds, done: Completion, include_usage: bool, calls: Any) -> list[str]:
+def _closing_lines(ids: ResponseIds, done: Completion, include_usage: bool, calls: Any,
+                   shape: ChoiceShape) -> list[str]:
     """After the last piece: held-back text and tool calls, the finishing chunk, usage if asked."""
     lines, finish = [], done.finish_reason
     if calls is not None:
@@ -105,7 +133,7 @@ def _closing_lines(ids: ResponseIds, done: Completion, include_usage: bool, call
 
 
 async def _sse(events: _Events, request: Request, ids: ResponseIds, include_usage: bool,
-               tools: "ToolCalling | None" = None) -> AsyncIterator[str]:
+               tools: "ToolCalling | None", shape: ChoiceShape) -> AsyncIterator[str]:
     """Server-sent events: one chunk per piece of text, the finishing chunk, usage if asked, [DONE].
 
     If the client goes away, Starlette cancels this generator: ``finally`` cancels the request, and the
@@ -115,13 +143,16 @@ async def _sse(events: _Events, request: Request, ids: ResponseIds, include_usag
     calls = tools.stream() if tools is not None else None   # holds back what may be a tool call
     try:
         first, ended = True, False
+        if shape.echo is not None:
+            yield _sse_line(chunk(ids, shape.echo))
         while not ended:
             lines: list[str] = []          # one write for all that arrived together (several tokens, the end)
             for event in await events.next_events():
                 if isinstance(event, Piece):
                     text = calls.feed(event.text) if calls is not None else event.text
-                    if text or first:
-                        lines.append(_sse_line(chunk(ids, text, first=first)))
+                    lp = shape.piece_logprobs(event, ids.chat)
+                    if text or first or lp is not None:
+                        lines.append(_sse_line(chunk(ids, text, first=first, logprobs=lp)))
                         first = False
                     continue
                 ended = True
@@ -129,7 +160,7 @@ async def _sse(events: _Events, request: Request, ids: ResponseIds, include_usag
                     lines.append(_sse_line(error_body(event.error, "server_error", 500)))
                     break
                 done = event.completion
-                lines.extend(_closing_lines(ids, done, include_usage, calls))
+                lines.extend(_closing_lines(ids, done, include_usage, calls, shape))
                 break
             if ended:
                 lines.append("data: [DONE]\n\n")

@@ -68,8 +68,10 @@ class GenerationBody(_Strict):
 
     def sampling(self, eog_tokens: Iterable[int] = ()) -> SamplingParams:
         """The request's sampling options; llama.cpp's defaults for the fields it leaves out."""
-        if self.n != 1:
-            raise GGFlowError(f"n={self.n} is not supported: ggflow returns one choice per request")
+        if self.n < 1:
+            raise GGFlowError(f"n must be at least 1, got {self.n}")
+        if self.n > 1 and self.stream:
+            raise GGFlowError(f"n={self.n} choices are answered whole: ask with stream false (or n 1)")
         given: dict[str, Any] = {f: getattr(self, f) for f in _SAMPLING_FIELDS if getattr(self, f) is not None}
         if given.get("seed") in (-1, 0xFFFFFFFF):
             given["seed"] = None
@@ -104,6 +106,11 @@ class GenerationBody(_Strict):
 
 class CompletionBody(GenerationBody):
     prompt: Union[str, list[int], list[str]]
+    echo: bool = False
+    logprobs: int | None = None                # OpenAI's legacy: each token's, and this many alternatives
+
+    def top_logprobs_count(self, n_vocab: int) -> int | None:
+        return _logprobs_count("logprobs", self.logprobs, n_vocab)
 
 
 class ChatCompletionBody(GenerationBody):
@@ -111,6 +118,22 @@ class ChatCompletionBody(GenerationBody):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[str, dict[str, Any], None] = None
     parallel_tool_calls: bool = True
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def top_logprobs_count(self, n_vocab: int) -> int | None:
+        """OpenAI's pair: logprobs true asks for them, top_logprobs for that many alternatives too."""
+        if not self.logprobs:
+            if self.top_logprobs is not None:
+                raise GGFlowError("top_logprobs needs logprobs: true")
+            return None
+        return _logprobs_count("top_logprobs", self.top_logprobs or 0, n_vocab)
+
+
+def _logprobs_count(name: str, value: int | None, n_vocab: int) -> int | None:
+    if value is not None and not 0 <= value <= n_vocab:
+        raise GGFlowError(f"{name} must be in [0, {n_vocab}], got {value}")
+    return value
 
 
 class TokenizeBody(_Strict):

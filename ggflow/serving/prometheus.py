@@ -6,7 +6,7 @@ from typing import Callable, Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ggflow.serving.metrics import MetricsSnapshot
+from ggflow.generation.metrics import MetricsSnapshot
 
 # (name, help); a counter's exposed name gains "_total", as llama-server's counters have it
 COUNTERS = (

@@ -271,14 +271,14 @@ def run_forever(config: RayServeConfig, *, host: str, port: int, address: str | 
     return 0
 
 
-def run_cli(args: Any, model_path: str) -> int:
-    """``ggflow serve --ray``'s flags (serve_cmd.py's namespace) -> a running deployment."""
-    from ggflow.cli.common import backend_names
-
+def run_cli(args: Any, model_path: str, backends: Any) -> int:
+    """``ggflow serve --ray``'s flags (serve_cmd.py's namespace; ``backends`` as it parsed --backend) -> a
+    running deployment."""
     threads = args.threads or 1   # replicas share a node's cores: each takes what it reserves from Ray
     engine = dict(n_ctx=args.ctx_size, n_slots=args.parallel, n_batch=args.batch_size, max_queue=args.max_queue,
-                  backends=backend_names(args.backend), n_threads=threads, n_ubatch=args.ubatch_size,
-                  type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper())
+                  backends=backends, n_threads=threads, n_ubatch=args.ubatch_size,
+                  type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper(),
+                  context_shift=args.context_shift, n_keep=args.keep)
     config = RayServeConfig(model_path=os.path.abspath(model_path),
                             model_name=args.alias or os.path.basename(model_path), engine=engine,
                             api_key=args.api_key, num_replicas=args.replicas, max_replicas=args.max_replicas,

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ggflow.serving.slot import Slot
+from ggflow.generation.slot import Slot
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -24,7 +24,7 @@ def choose_slot(idle: Sequence[Slot], prompt: Sequence[int]) -> tuple[Slot, int]
     """The idle slot for a prompt and the length of the prefix its cache shares with the prompt."""
     if not idle:
         raise ValueError("no idle slot")
-    shared = [common_prefix_length(s.cache_tokens, prompt) for s in idle]
+    shared = [common_prefix_length(s.reusable_tokens(), prompt) for s in idle]
     best = int(np.argmax(shared))
     if shared[best] > 0:
         return idle[best], shared[best]

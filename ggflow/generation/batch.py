@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from ggflow.api import Completion
+from ggflow.generation.records import Completion
 from ggflow.core.sampling import SamplingParams
 from ggflow.errors import GGFlowError
-from ggflow.serving.engine import Engine
-from ggflow.serving.request import Done, Request
+from ggflow.generation.engine import Engine
+from ggflow.generation.request import Done, Request
 
 
 def generate_many(llm_or_model: Any, prompts: Sequence["str | Sequence[int]"], max_tokens: int = 128, *,

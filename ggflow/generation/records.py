@@ -1,0 +1,70 @@
+"""What a generation returns: its Completion (text, tokens, why it ended, timings) or, streamed, a Generation."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from ggflow.generation.logprobs import TokenLogprob
+
+FINISH_STOP = "stop"        # an end-of-generation token or a stop string
+FINISH_LENGTH = "length"    # max_tokens reached, or the context is full
+
+
+@dataclass
+class Timings:
+    """As llama-server reports them."""
+    prompt_n: int = 0            # prompt tokens evaluated (not those reused from the cache)
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+    cached_n: int = 0            # prompt tokens whose K/V were reused
+
+    @property
+    def prompt_per_second(self) -> float:
+        return 1e3 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0
+
+    @property
+    def predicted_per_second(self) -> float:
+        return 1e3 * self.predicted_n / self.predicted_ms if self.predicted_ms > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms, "prompt_per_second": self.prompt_per_second,
+                "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
+                "predicted_per_second": self.predicted_per_second, "cached_n": self.cached_n}
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: list[int]                 # generated token ids (stop string tokens included)
+    prompt_tokens: list[int]
+    finish_reason: str
+    timings: Timings = field(default_factory=Timings)
+    context_full: bool = False        # generation ended because the context had no room (finish_reason "length")
+    n_context_shifts: int = 0         # times the context was shifted to make room (LLM(context_shift=True))
+    logprobs: list[TokenLogprob] | None = None          # per generated token, when asked for
+    prompt_logprobs: list[TokenLogprob] | None = None   # per prompt token (the first: None), when asked for
+
+
+class Generation:
+    """A streamed generation: iterate for text pieces; ``result`` holds the Completion once it is done.
+
+    While it runs, ``tokens`` and ``logprobs`` grow with each sampled token (a piece of text may cover
+    several tokens, or none while a possible stop string is held back). ``close()`` ends it early.
+    """
+
+    def __init__(self, produce: "Callable[[Generation], Iterator[str]]"):
+        """produce(self) yields the pieces and sets ``self.result`` when it finishes."""
+        self.result: Completion | None = None
+        self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
+        self._pieces = produce(self)
+
+    def __iter__(self) -> "Generation":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        self._pieces.close()
