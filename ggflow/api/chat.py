@@ -91,7 +91,7 @@ class ChatMixin:
             message, finish = calling.reply(result.text, result.finish_reason)
             out["choices"][0].update(message=message, finish_reason=finish)
         elif harmony.is_harmony(self.chat_template().source):   # gpt-oss: analysis -> reasoning_content
-            reasoning, content = harmony.split_reply(self.vocab.detokenize(generated, unparse_special=True))
+            reasoning, content = harmony.split_reply(self.vocab.detokenize(result.tokens, unparse_special=True))
             message = out["choices"][0]["message"]
             message["content"] = content
             if reasoning is not None:
