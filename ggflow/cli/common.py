@@ -45,14 +45,22 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
         g.add_argument(flag, dest=name, type=kind, default=f.default,
                        help=f"{f.metadata.get('doc', name)} (default {f.default})", **extra)
     g.add_argument("--samplers", default=None,
-                   help="sampler names in order, ';' separated (plugins' samplers too), replacing the default chain")
+                   help="sampler names in order, ';' separated (plugins' samplers too), replacing the default "
+                        "chain; a stage takes parameters as name:param=value,param=value (`ggflow plugins` "
+                        "lists each sampler's)")
+    g.add_argument("--sampler-param", action="append", default=[], metavar="NAME.PARAM=VALUE",
+                   help="set a parameter of a stage in the chain (repeatable), e.g. top_k.k=20")
 
 
 def sampling_params(args: argparse.Namespace):
-    from ggflow.core.sampling_params import SamplingParams
+    from ggflow.core.sampling_params import DEFAULT_SAMPLER_ORDER, SamplingParams
+    from ggflow.core.sampling_stages import parse_samplers, with_sampler_params
 
     chosen = {name: getattr(args, name) for name in SAMPLING_FLAGS.values()}
-    return SamplingParams(**chosen, samplers=args.samplers.split(";") if args.samplers else None)
+    stages = parse_samplers(args.samplers) if args.samplers else None
+    if getattr(args, "sampler_param", None):
+        stages = with_sampler_params(DEFAULT_SAMPLER_ORDER if stages is None else stages, args.sampler_param)
+    return SamplingParams(**chosen, samplers=stages)
 
 
 def backend_names(spec: str) -> "str | list[str]":

@@ -56,6 +56,9 @@ def _describe(seam: str, reg: Registration) -> dict[str, Any]:
     elif seam == "backends":
         available, reason, priority = _availability(obj)
         entry.update(available=available, reason=reason, priority=priority)
+    elif seam == "samplers":
+        from ggflow.core.sampling_stages import describe_params
+        entry.update(params=describe_params(reg.name))   # what --samplers name:param=value accepts
     return entry
 
 

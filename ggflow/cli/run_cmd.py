@@ -91,3 +91,6 @@ def print_schedule(ctx: Any) -> None:
     print(f"backends:    {', '.join(b.name for b in ctx.backends)}; KV cache on {ctx.memory_backend.name}",
           file=sys.stderr)
     print(ctx.scheduler.stats.summary(), file=sys.stderr)
+    for i, split in enumerate(ctx.scheduler.splits):
+        print(f"split {i:3d}:   {split.backend.name}, {len(split.nodes)} node(s) from {split.nodes[0].name or split.nodes[0].op}: "
+              f"{split.reason}", file=sys.stderr)

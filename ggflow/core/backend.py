@@ -61,8 +61,11 @@ class HostBuffer(Buffer):
 
     @classmethod
     def allocate(cls, size: int, backend_name: str = "cpu", alignment: int = 64) -> "HostBuffer":
-        # Over-allocate and slice so the first byte is aligned: SIMD kernels prefer aligned rows.
-        raw = np.empty(size + alignment, dtype=np.uint8)
+        # Over-allocate and slice so the first byte is aligned: SIMD kernels prefer aligned rows. Zeroed, as
+        # llama.cpp clears its KV buffers: a kernel that reads the cells the mask hides (instead of skipping
+        # them) must find numbers there, not garbage (inf x 0 is NaN). np.zeros of a large size maps zero
+        # pages (calloc): it costs no more than np.empty until written.
+        raw = np.zeros(size + alignment, dtype=np.uint8)
         start = (-raw.ctypes.data) % alignment
         return cls(raw[start:start + size], backend_name)
 
@@ -115,6 +118,11 @@ class Backend(ABC):
     # Higher is preferred by backend="auto", which leaves out backends below 0 (slower than the CPU).
     # A backend whose rank depends on what it finds (a GPU or a CPU driver) sets it per instance.
     priority: int = 0
+    # ggml's supports_buft for host buffers: kernels read a tensor in host memory (a buffer whose
+    # ``is_host`` holds: the mapped weights, the CPU's KV cache and activations) where it lies, with no copy.
+    # The scheduler then offers such a backend the nodes the CPU would run (``op_cost``).
+    reads_host_memory: ClassVar[bool] = False
+    host_memory: ClassVar[bool] = False   # its own buffers are host memory (another host reader reads them)
 
     def __init__(self, options: BackendOptions = BackendOptions()):
         self.options = options
@@ -137,6 +145,19 @@ class Backend(ABC):
         graph. Say no to keep a weight's consumers (and its memory) on the CPU; ggml asks the same
         question (``offload_op``) before it copies a weight to a GPU."""
         return True
+
+    def op_cost(self, node: Tensor) -> float | None:
+        """What running ``node`` here costs, the fallback (CPU) running it costing 1.0; None: not offered.
+
+        Asked only of a backend that ``reads_host_memory``, for a node the CPU would run whose sources all
+        lie in host memory: the node moves to the backend with the lowest cost below 1.0 (the earlier by
+        priority on a tie), reading its sources where they lie. Default: 0.5 where ``offload_op`` says
+        yes. ggml asks ``offload_op`` the same question (e.g. a batch large enough to pay off)."""
+        return 0.5 if self.offload_op(node) else None
+
+    def reads_memory_of(self, other: "Backend") -> bool:
+        """Whether this backend's kernels read tensors that live on ``other`` without a copy."""
+        return other is self or (self.reads_host_memory and other.host_memory)
 
     def prepare_weight(self, tensor: Tensor) -> None:
         """Optional hook, called once per weight at load by the default ``adopt_weights`` (e.g. to repack

@@ -150,6 +150,8 @@ class Sampler(Protocol):
         """An independent copy with the same parameters and state."""
 
     # Optional: ``selects = True`` says the sampler picks the token (build_chain then adds no dist).
+    # Optional: ``params = (SamplerParam(...), ...)`` declares its parameters (names, types, ranges,
+    # defaults): SamplingParams, the CLI and the server check values against it (core/sampling_stages.py).
     # Optional: a classmethod ``from_params(params, vocab_size, vocab) -> Sampler | None`` builds the
     # sampler from SamplingParams (None where they switch it off); build_chain calls it for a stage
     # named in ``params.samplers`` (or the default order). Without one, make_sampler(name) builds it.
@@ -202,6 +204,9 @@ def make_sampler(name: str, **params: Any) -> Sampler:
     from ggflow.plugins.manager import get_plugin_manager
 
     factory = get_plugin_manager().samplers.get(name)
+    if getattr(factory, "params", None) is not None:   # a declaration: checked, its defaults filled in
+        from ggflow.core.sampling_stages import check_sampler_params
+        return factory(**check_sampler_params(name, params, fill_defaults=True))
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):  # builtins and some callables have none: let the call decide

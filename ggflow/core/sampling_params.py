@@ -12,17 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ggflow.core.sampling import Sampler, SamplerChain, make_sampler
+from ggflow.core.sampling_stages import STAGE_ALIASES as _STAGE_ALIASES, sampler_stages
 from ggflow.errors import GGFlowError
 
 # llama.cpp's default order (common_params_sampling.samplers); a selecting sampler follows.
 DEFAULT_SAMPLER_ORDER: tuple[str, ...] = (
     "penalties", "dry", "top_n_sigma", "top_k", "typical", "top_p", "min_p", "xtc", "temperature")
 
-# llama.cpp's spellings of the stages (common_sampler_types_from_names) -> the samplers' registered names
-_STAGE_ALIASES = {
-    "typ_p": "typical", "typ": "typical", "typical_p": "typical", "nucleus": "top_p",
-    "temperature": "temp_ext", "temp": "temp_ext",
-}
 
 # mirostat's value -> the sampler that replaces the truncation stages
 _MIROSTAT_SAMPLERS = {1: "mirostat", 2: "mirostat_v2"}
@@ -66,7 +62,7 @@ class SamplingParams:
     seed: int | None = _option(None, "RNG seed; None (or -1, 0xFFFFFFFF as in llama.cpp): random")
     logit_bias: Mapping[int, float] = _option(doc="token id -> added to its logit", factory=dict)
     samplers: Sequence[str | tuple[str, Mapping[str, Any]]] | None = _option(
-        None, "stage order (names or (name, {param: value})); None: the default order")
+        None, "stage order (names, (name, {param: value}) or 'name:param=value'); None: the default order")
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0
@@ -77,6 +73,9 @@ class SamplingParams:
                 raise GGFlowError(f"{name} must be finite, got {getattr(self, name)}")
         if self.mirostat not in (0, 1, 2):
             raise GGFlowError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat}")
+        if self.samplers is not None:
+            # names and parameters checked against each sampler's declaration (core/sampling_stages.py)
+            self.samplers = sampler_stages(self.samplers)
 
     @property
     def greedy(self) -> bool:

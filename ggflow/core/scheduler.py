@@ -10,7 +10,12 @@ and what they cost are in docs/backends.md:
   3. the rest expand from their neighbours, down and up the graph: first from every backend but the
      fallback, then from every backend; a node still without one goes to the backend, among those that
      support it, that holds most of its sources; a view lives with what it views;
-  4. the last backend (the CPU) takes what nothing else supports.
+  4. a node left on the fallback whose sources all lie in host memory goes to a backend that reads host
+     memory where it lies (ggml's supports_buft) and supports it, the cheapest by the cost it reports
+     (``Backend.op_cost``, below the CPU's 1.0), the earlier by priority on a tie: a backend that holds no
+     weights (an F32 matmul library) gets the nodes it can run;
+  5. the last backend (the CPU) takes what nothing else supports.
+``Scheduler.why`` keeps each node's reason, ``Split.reason`` a split's, for ``ggflow run --verbose``.
 Consecutive nodes on one backend form a split. A split reads a tensor that lives elsewhere through a
 copy made at the split's start; the copy is what the split's kernels see (``substitutes``). A weight
 read on another backend is copied there once and the copy kept for every later graph (ggml copies it
@@ -49,6 +54,13 @@ class Split:
     copies: list[Copy] = field(default_factory=list)          # made at every compute
     weight_copies: list[Copy] = field(default_factory=list)   # made once, kept by the scheduler
     plan: Callable[[], None] | None = None
+    reasons: dict[str, int] = field(default_factory=dict)   # why its nodes are here: reason -> count
+
+    @property
+    def reason(self) -> str:
+        """Why the split runs where it does: its nodes' reasons, the commonest first."""
+        ranked = sorted(self.reasons.items(), key=lambda kv: -kv[1])
+        return "; ".join(f"{n} x {why}" if n > 1 else why for why, n in ranked)
 
     @property
     def substitutes(self) -> dict[Tensor, Tensor]:
@@ -93,6 +105,7 @@ class Scheduler:
         self.graph: Graph | None = None
         self.splits: list[Split] = []
         self.home: dict[int, Backend] = {}          # tensor id -> backend whose memory holds it
+        self.why: dict[int, str] = {}               # node id -> why it runs on its backend (assign)
         # graphs allocated in the current buffers, which use() can make current again: graph -> (splits, home)
         self._allocated: dict[Graph, tuple[list[Split], dict[int, Backend]]] = {}
         self.n_allocs = 0                           # times a graph was (re)allocated
@@ -113,18 +126,20 @@ class Scheduler:
         return {leaf.id for leaf in graph.leafs if leaf.flags & TensorFlag.PARAM and leaf.buffer is not None
                 and leaf.view_src is None and leaf.id not in self._written}
 
-    def _weight_reader(self, node: Tensor, owner: Backend) -> Backend | None:
-        """Where a node that reads a weight held by ``owner`` runs (None: placed by the later passes)."""
+    def _weight_reader(self, node: Tensor, owner: Backend) -> tuple[Backend, str] | None:
+        """Where a node that reads a weight held by ``owner`` runs, and why (None: the later passes place it)."""
         if owner is self.backends[-1]:
             for b in self.backends[:-1]:
                 if b.supports_op(node) and b.offload_op(node):
-                    return b
-        return owner if owner.supports_op(node) else None
+                    return b, f"offload_op: takes a node reading a {owner.name} weight"
+        return (owner, "reads a weight held here") if owner.supports_op(node) else None
 
     def assign(self, graph: Graph, weights: set[int] | None = None) -> dict[int, Backend]:
-        """Backend of every node and every leaf that has (or will get) memory in the graph."""
+        """Backend of every node and every leaf that has (or will get) memory in the graph; each node's
+        reason goes to ``self.why``."""
         weights = self.weights(graph) if weights is None else weights
         home: dict[int, Backend] = {}
+        why: dict[int, str] = {}
         for leaf in graph.leafs:
             if leaf.base().buffer is not None:
                 home[leaf.id] = self._buffer_backend(leaf)
@@ -139,6 +154,7 @@ class Scheduler:
                 raise BackendError(f"{node.op} writes into {node.view_src!r} on {owner.name}, "
                                    f"which does not support it")
             home[node.id] = owner
+            why[node.id] = "views or writes memory held here"
 
         for node in graph.nodes:  # pass 1: memory owners and weights
             if node.view_src is not None:
@@ -148,6 +164,7 @@ class Scheduler:
                 elif node.op in IN_PLACE and root.id not in home:
                     # a write into a graph input: the input's memory goes where it can be written
                     home[node.id] = home[root.id] = next((b for b in self.backends if supported(b, node)), fallback)
+                    why[node.id] = "writes a graph input: the first backend that supports the write"
                 continue
             if node.op in NOT_PLACED_BY_WEIGHTS:
                 continue
@@ -156,7 +173,7 @@ class Scheduler:
                 if base.id in weights:
                     reader = self._weight_reader(node, home[base.id])
                     if reader is not None:
-                        home[node.id] = reader
+                        home[node.id], why[node.id] = reader
                         break
         computing = [n for n in graph.nodes if n.view_src is None]   # views and writes follow their memory
         # pass 2: expand to neighbours, as ggml does: first each backend but the fallback, down then up
@@ -169,21 +186,48 @@ class Scheduler:
                     if node.id in home:
                         current = None if skip_fallback and home[node.id] is fallback else home[node.id]
                     elif current is not None and supported(current, node):
-                        home[node.id] = current
+                        home[node.id], why[node.id] = current, "follows its neighbours"
 
         for node in computing:  # pass 3: the backend that holds most of its sources, of those that support it
             if node.id not in home:
                 able = [b for b in self.backends if supported(b, node)] or [fallback]
                 home[node.id] = max(able, key=lambda b: sum(home.get(s.id) is b for s in node.src))
+                why[node.id] = ("only the fallback supports it" if able == [fallback]
+                                else "supported here, and holds most of its sources")
 
-        for leaf in graph.leafs:  # pass 4: graph inputs live with their first placed consumer,
+        readers = [b for b in self.backends[:-1] if b.reads_host_memory]
+        for node in computing if readers else ():  # pass 4: host-memory readers take what the CPU would run
+            if home[node.id] is fallback and node.op not in IN_PLACE:
+                chosen = self._cheapest_reader(node, readers, home, weights)
+                if chosen is not None:
+                    home[node.id], cost = chosen
+                    why[node.id] = f"reads its sources in host memory, op_cost {cost:g} < {fallback.name}'s 1"
+
+        for leaf in graph.leafs:  # pass 5: graph inputs live with their first placed consumer,
             if leaf.id not in home:  # views and in-place writes with the memory they view
                 home[leaf.id] = next((home[n.id] for n in graph.nodes if n.id in home
                                       and any(src.base() is leaf for src in n.src)), fallback)
         for node in graph.nodes:
             if node.id not in home:
                 with_its_memory(node)
+        self.why = why
         return home
+
+    def _cheapest_reader(self, node: Tensor, readers: list[Backend], home: dict[int, Backend],
+                         weights: set[int]) -> tuple[Backend, float] | None:
+        """The host-memory reader with the lowest op_cost below 1 that supports the node and reads each
+        of its sources where it lies (a source not placed yet is a graph input: it will live with it)."""
+        best: tuple[Backend, float] | None = None
+        for b in readers:
+            if not all(s.base().id not in home or b.reads_memory_of(home[s.base().id])
+                       and (s.id not in home or b.reads_memory_of(home[s.id])) for s in _reads(node)):
+                continue
+            if not b.supports_op(node):
+                continue
+            cost = b.op_cost(node)
+            if cost is not None and cost < 1.0 and (best is None or cost < best[1]):
+                best = (b, cost)
+        return best
 
     def split(self, graph: Graph, home: dict[int, Backend], weights: set[int] = frozenset()) -> list[Split]:
         splits: list[Split] = []
@@ -195,6 +239,8 @@ class Scheduler:
             split.nodes.append(node)
             for src in _reads(node):
                 base = src.base()
+                if backend.reads_memory_of(home[base.id]) and backend.reads_memory_of(home[src.id]):
+                    continue   # read where it lies (its own memory, or host memory it reads)
                 if base.id in weights:  # a weight, or a view of one: read its kept copy
                     if home[base.id] is not backend and all(c.src is not base for c in split.weight_copies):
                         split.weight_copies.append(self._weight_copy(base, backend))
@@ -251,6 +297,9 @@ class Scheduler:
         for split in splits:
             home.update({c.dst.id: split.backend for c in (*split.copies, *split.weight_copies)})
             split.plan = split.backend.compile(split.nodes, split.substitutes)
+            for node in split.nodes:
+                reason = self.why.get(node.id, "views or writes memory held here")
+                split.reasons[reason] = split.reasons.get(reason, 0) + 1
         self.graph, self.splits, self.home = graph, splits, home
         self._allocated[graph] = (splits, home)
         self.n_allocs += 1

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from ggflow.core.sampling import SamplingParams
+from ggflow.core.sampling_stages import sampler_stages
 from ggflow.errors import GGFlowError
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class GenerationBody(_Strict):
     grammar: str | None = None                 # llama-server's: GBNF
     json_schema: dict[str, Any] | None = None  # llama-server's
     response_format: dict[str, Any] | None = None   # OpenAI's: text, json_object, json_schema
+    samplers: Union[str, list[Union[str, dict[str, Any]]], None] = None   # stages, with parameters
 
     def sampling(self, eog_tokens: Iterable[int] = ()) -> SamplingParams:
         """The request's sampling options; llama.cpp's defaults for the fields it leaves out."""
@@ -80,6 +82,8 @@ class GenerationBody(_Strict):
                 given["logit_bias"] = {int(k): float(v) for k, v in self.logit_bias.items()}
             except ValueError:
                 raise GGFlowError("logit_bias keys must be token ids (integers as strings)") from None
+        if self.samplers is not None:   # checked against each sampler's declared parameters (a 400 if not)
+            given["samplers"] = sampler_stages(self.samplers)
         if self.ignore_eos:
             given["logit_bias"] = {**given.get("logit_bias", {}), **{t: -math.inf for t in eog_tokens}}
         return SamplingParams(**given)

@@ -59,6 +59,8 @@ class CPUPlan:
 class CPUBackend(Backend):
     name: ClassVar[str] = "cpu"
     description: ClassVar[str] = "numba and numpy kernels on the host; runs every op (the fallback)"
+    reads_host_memory: ClassVar[bool] = True   # its kernels read any host buffer where it lies
+    host_memory: ClassVar[bool] = True
 
     def __init__(self, options: BackendOptions = BackendOptions()):
         """options.n_threads: numba threads for the parallel kernels (None: numba's default, all cores)."""
