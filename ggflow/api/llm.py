@@ -20,8 +20,10 @@ from ggflow.api import arguments as A
 from ggflow.api.chat import ChatMixin
 from ggflow.api.completions import CompletionMixin
 from ggflow.api.embeddings import EmbeddingMixin, check_pooling_type
+from ggflow.api.encoder import ModelKindError, is_encoder
 from ggflow.api.logprobs import sequence_logprobs, token_logprob
 from ggflow.api.model_path import default_model_path
+from ggflow.api.rerank import RerankMixin
 from ggflow.api.records import FINISH_LENGTH, FINISH_STOP, Completion, Generation, Timings
 from ggflow.api.serialize import CallerLock
 from ggflow.api.state import StateMixin
@@ -36,7 +38,7 @@ IGNORED_LLAMA_OPTIONS = frozenset({"verbose", "logits_all", "embedding", "n_batc
                                    "numa"})
 
 
-class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
+class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, StateMixin):
     def __init__(self, model_path: str | None = None, *, backend: "str | Sequence[str]" = "auto",
                  n_ctx: int | None = 2048, n_threads: int | None = None, n_ubatch: int = 512,
                  seed: int | None = None, type_k: str = "F16", type_v: str = "F16", vocab_only: bool = False,
@@ -128,6 +130,9 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
     def _eval_prompt(self, tokens: list[int], all_logits: bool = False) -> tuple[np.ndarray, int]:
         """The logits of the last token ([1, n_vocab]) or of every token, and how many tokens were reused."""
         ctx = self._require_context()
+        if is_encoder(self.model):
+            raise ModelKindError(f"{self.model_path} is an encoder ({self.model.metadata.arch}): it embeds and "
+                                    f"reranks (embed, create_embedding, rerank), it does not generate text")
         if not tokens:
             raise ArgumentError("prompt", tokens, "at least one token (an empty prompt has nothing to condition on)")
         if len(tokens) > ctx.n_ctx:
