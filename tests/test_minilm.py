@@ -9,6 +9,9 @@ MiniLM Q8_0 sits about there). The model comes from the PyPI package gt-all-mini
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -83,3 +86,40 @@ def test_embeddings_equal_sentence_transformers(converted, reference, outtype, m
     sentences, edges = cosines[:len(SENTENCES)], cosines[len(SENTENCES):]
     assert sentences.min() >= min_cosine, (outtype, SENTENCES[int(sentences.argmin())], float(sentences.min()))
     assert edges.min() >= min_edge_cosine, (outtype, EDGE_CASES[int(edges.argmin())], float(edges.min()))
+
+
+# llama.cpp's converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/), from the llama-cpp-python
+# sdist: .ci/run unpacks it there (test tooling only, never committed); the test skips without it
+LLAMACPP_SRC = Path(os.environ.get("GGFLOW_LLAMACPP_SRC", Path.home() / ".cache" / "ggflow-test" / "llama.cpp-src"))
+
+
+@pytest.fixture(scope="module")
+def llamacpp_converted(tmp_path_factory):
+    script = LLAMACPP_SRC / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        pytest.skip(f"{script} is missing: set GGFLOW_LLAMACPP_SRC to llama.cpp's source (the llama-cpp-python sdist)")
+    out = tmp_path_factory.mktemp("minilm-llamacpp") / "minilm-f32.gguf"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}   # its own gguf-py, not ours
+    run = subprocess.run([sys.executable, str(script), str(MODEL_DIR), "--outfile", str(out), "--outtype", "f32"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    if run.returncode != 0:
+        pytest.skip(f"llama.cpp's converter failed here: {run.stderr[-500:]}")
+    return out
+
+
+def test_same_keys_tensors_and_vectors_as_llama_cpp_converter(converted, llamacpp_converted):
+    from ggflow.api import LLM
+    from ggflow.core.gguf_file import GGUFFile
+
+    ours, theirs = GGUFFile(converted["f32"]), GGUFFile(llamacpp_converted)
+    # general.* beyond the architecture are the model card's (name, license, datasets): not the model
+    keys = {k for k in theirs.fields if not k.startswith("general.")} | {"general.architecture", "general.file_type"}
+    assert keys <= set(ours.fields)
+    for key in keys:
+        a, b = ours.fields[key], theirs.fields[key]
+        assert (np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b), key
+    assert ({t.name: (t.ne, t.type_id) for t in ours.tensors}
+            == {t.name: (t.ne, t.type_id) for t in theirs.tensors})
+    a = LLM(str(converted["f32"]), n_ctx=512, n_threads=2).embed(SENTENCES[:8], normalize=True)
+    b = LLM(str(llamacpp_converted), n_ctx=512, n_threads=2).embed(SENTENCES[:8], normalize=True)
+    np.testing.assert_array_equal(np.array(a), np.array(b))

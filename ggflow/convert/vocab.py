@@ -26,7 +26,33 @@ def load_hf_tokenizer(model: HFModel):
     if path is None:
         raise ConvertError(f"{model.path}: no tokenizer.json (the converter needs the Hugging Face tokenizer "
                            f"files next to config.json)")
-    return Tokenizer.from_file(str(path))
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()      # some files pad every encoding (MiniLM's to 128): the ids alone are wanted
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def normalizer_flags(model: HFModel) -> dict[str, bool]:
+    """tokenizer.ggml.normalizer.lowercase / .strip_accents from tokenizer.json's normalizer, where it says
+    (a Lowercase or StripAccents step, a BertNormalizer's settings, inside a Sequence too)."""
+    flags: dict[str, bool] = {}
+
+    def visit(norm: dict) -> None:
+        kind = norm.get("type")
+        if kind == "Lowercase":
+            flags["lowercase"] = True
+        elif kind == "StripAccents":
+            flags["strip_accents"] = True
+        elif kind == "BertNormalizer":
+            for key in ("lowercase", "strip_accents"):
+                if norm.get(key) is not None:
+                    flags[key] = bool(norm[key])
+        elif kind == "Sequence":
+            for inner in norm.get("normalizers", []):
+                visit(inner)
+
+    visit((model.json("tokenizer.json") or {}).get("normalizer") or {})
+    return flags
 
 
 def vocab_base(model: HFModel, tokenizer) -> tuple[list[str], list[int]]:
@@ -80,6 +106,8 @@ def add_wordpiece_vocab(writer: Any, model: HFModel) -> int:
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     add_special_tokens(writer, model, len(tokens), merges=False)
+    for key, value in normalizer_flags(model).items():
+        writer.add_bool(f"tokenizer.ggml.normalizer.{key}", value)
     return len(tokens)
 
 

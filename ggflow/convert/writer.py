@@ -70,6 +70,7 @@ def write_gguf(out: str | os.PathLike, arch: str, set_metadata: Callable, plans:
     try:
         writer = gguf.GGUFWriter(None, arch)
         set_metadata(writer)
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         writer.add_file_type(file_type(outtype))
         types = [tensor_type(p.name, p.shape, outtype) for p in plans]
         for plan, kind in zip(plans, types):
