@@ -16,8 +16,9 @@ from ggflow.convert.writer import OUTTYPES, ConvertError, write_gguf
 
 def converters() -> list[ArchConverter]:
     from ggflow.convert.archs.bert import BertConverter
+    from ggflow.convert.archs.decoders import GPT2Converter, LlamaConverter, Qwen2Converter, Qwen3Converter
 
-    return [BertConverter()]
+    return [BertConverter(), LlamaConverter(), Qwen2Converter(), Qwen3Converter(), GPT2Converter()]
 
 
 def supported_architectures() -> list[str]:
