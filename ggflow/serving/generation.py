@@ -14,6 +14,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import Response, StreamingResponse
 
 from ggflow.api import Completion
+from ggflow.serving.rerank import check_can_generate
 from ggflow.serving.engine import Engine
 from ggflow.serving.handoff import Mailbox
 from ggflow.serving.openai_params import GenerationBody
@@ -58,6 +59,7 @@ async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, toke
                    tools: "ToolCalling | None" = None) -> Any:
     """Submit the request; answer with the whole completion, or stream it (body.stream). ``grammar``
     constrains the output; ``tools`` turns a chat reply's tool-call syntax into OpenAI tool_calls."""
+    check_can_generate(http, engine)   # an encoder, or a --embedding server: 400
     events = _Events(pieces=body.stream)
     request = Request(tokens, events.on_event, max_tokens=body.token_limit(default_max_tokens),
                       sampling=body.sampling(engine.vocab.special.eog), stop=body.stops(), grammar=grammar)
