@@ -13,6 +13,7 @@ import numpy as np
 
 from ggflow.api import arguments as A
 from ggflow.api import shapes
+from ggflow.api.encoder import embed_token_lists, fit_tokens, is_encoder, max_input_tokens
 from ggflow.errors import ArgumentError
 
 POOLING_TYPES = ("none", "mean", "cls", "last")   # llama.cpp's LLAMA_POOLING_TYPE_NONE .. LAST (0 .. 3)
@@ -66,11 +67,14 @@ class EmbeddingMixin:
         A.check_bool("return_count", return_count)
         self._require_context()
         kind = self.pooling_type or model_pooling_type(self.model.metadata)
-        n_ctx = self.n_ctx()
+        encoder = is_encoder(self.model)   # inputs batched per ubatch, cut keeping their closing [SEP]
+        n_ctx = max_input_tokens(self.context) if encoder else self.n_ctx()
         token_lists = []
         for i, text in enumerate(inputs):
             tokens = self.tokenize(text, add_bos=True, special=False)
-            if len(tokens) > n_ctx:
+            if encoder:
+                tokens = fit_tokens(tokens, n_ctx, truncate, f"input[{i}]", keep_last=True)
+            elif len(tokens) > n_ctx:
                 if not truncate:
                     raise ArgumentError(f"input[{i}]", text[:40], f"at most {n_ctx} tokens (or truncate=True); "
                                                                   f"it has {len(tokens)}")
@@ -79,10 +83,11 @@ class EmbeddingMixin:
                 raise ArgumentError(f"input[{i}]", text, "a text with at least one token")
             token_lists.append(tokens)
         with self._lock.turn():
-            vectors = []
-            for tokens in token_lists:
-                v = pool(self._hidden_states(tokens), kind)
-                vectors.append((l2_normalize(v) if do_normalize else v).tolist())
+            if encoder:
+                pooled = embed_token_lists(self.context, token_lists, kind)
+            else:
+                pooled = [pool(self._hidden_states(tokens), kind) for tokens in token_lists]
+            vectors = [(l2_normalize(v) if do_normalize else v).tolist() for v in pooled]
         output = vectors[0] if isinstance(input, str) else vectors
         n_tokens = sum(len(t) for t in token_lists)
         return (output, n_tokens) if return_count else output

@@ -21,7 +21,9 @@ from ggflow.api import arguments as A
 from ggflow.api.chat import ChatMixin
 from ggflow.api.completions import CompletionMixin
 from ggflow.api.embeddings import EmbeddingMixin, check_pooling_type
+from ggflow.api.encoder import ModelKindError, is_encoder
 from ggflow.api.model_path import default_model_path
+from ggflow.api.rerank import RerankMixin
 from ggflow.api.serialize import CallerLock
 from ggflow.api.state import StateMixin
 from ggflow.api.tokens import TokensMixin
@@ -36,7 +38,7 @@ IGNORED_LLAMA_OPTIONS = frozenset({"verbose", "logits_all", "embedding", "n_batc
                                    "numa"})
 
 
-class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
+class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, StateMixin):
     def __init__(self, model_path: str | None = None, *, backend: "str | Sequence[str]" = "auto",
                  n_ctx: int | None = 2048, n_threads: int | None = None, n_ubatch: int = 512,
                  seed: int | None = None, type_k: str = "F16", type_v: str = "F16", vocab_only: bool = False,
@@ -144,9 +146,15 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
             logits, reused = self._eval_prompt(tokens)
             return logits[-1], reused
 
+    def _refuse_encoder(self) -> None:
+        if is_encoder(self.model):
+            raise ModelKindError(f"{self.model_path} is an encoder ({self.model.metadata.arch}): it embeds and "
+                                 f"reranks (embed, create_embedding, rerank), it does not generate text")
+
     def _eval_prompt(self, tokens: list[int]) -> tuple[np.ndarray, int]:
         """The logits of the last token ([1, n_vocab]) and how many tokens were reused (the caller holds the turn)."""
         ctx = self._require_context()
+        self._refuse_encoder()
         _check_fits(tokens, ctx.n_ctx)
         reuse = 0
         for a, b in zip(self._cached[: self._reusable], tokens):
@@ -213,6 +221,7 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, StateMixin):
             spec = grammar_from_request(grammar, json_schema, response_format)
         tokens = (self.vocab.tokenize(prompt, add_special=add_special, parse_special=parse_special)
                   if isinstance(prompt, str) else prompt)
+        self._refuse_encoder()
         _check_fits(tokens, self.context.n_ctx)
         request = Request(tokens, lambda event: None, max_tokens=max_tokens, sampling=params, stop=stops,
                           grammar=spec, n_top=n_top, prompt_logprobs=prompt_logprobs, logits_processors=processors,

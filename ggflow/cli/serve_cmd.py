@@ -48,6 +48,10 @@ def add_parser(subparsers: Any) -> None:
     limits.add_argument("-n", "--max-tokens-cap", type=int, default=None,
                         help="a request asking for more tokens (or for no limit) gets this many, as "
                              "llama-server's -n (default: no cap)")
+    parser.add_argument("--embedding", action="store_true",
+                        help="serve /v1/embeddings only: generation routes answer 400 (llama-server's --embedding)")
+    parser.add_argument("--reranking", action="store_true",
+                        help="serve /v1/rerank (and /rerank); the model must be a reranker (llama-server's --reranking)")
     parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
     ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve as Ray Serve replicas with prefix-aware routing")
@@ -68,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         raise GGFlowError(f"ggflow serve needs the server extra: pip install 'ggflow[server]' ({exc})") from None
     from ggflow.api import default_model_path
     from ggflow.serving.engine import Engine
+    from ggflow.serving.rerank import ServingModes
 
     if args.parallel < 1:
         raise GGFlowError(f"-np must be at least 1, got {args.parallel}")
@@ -88,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
                                  n_threads=args.threads, n_ubatch=args.ubatch_size,
                                  type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper(),
                                  context_shift=args.context_shift, n_keep=args.keep)
+            modes.check_model(engine.ctx.model)
             freeze_loaded_objects()
             engine.start()
             state.engine = engine
@@ -98,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
             logging.getLogger("ggflow.serving").error(state.load_error)
             server.should_exit = True
 
-    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="info",
+    modes = ServingModes(embedding_only=args.embedding, reranking=args.reranking)
+    app = create_app(state)
+    app.state.ggflow_modes = modes
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=None)
     server = uvicorn.Server(config)
     loader = threading.Thread(target=load, name="ggflow-load", daemon=True)

@@ -29,6 +29,7 @@ from ggflow.serving.embeddings import embed_tokens
 from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, DetokenizeBody, EmbeddingBody,
                                           TokenizeBody)
 from ggflow.serving.prometheus import metrics_text
+from ggflow.serving.rerank import add_rerank_routes
 from ggflow.serving.generation import generate
 from ggflow.serving.limits import BodyLimits, BodyTimeoutError, BodyTooLargeError, ServerLimits
 from ggflow.serving.request import EngineStoppedError, PromptTooLongError, QueueFullError
@@ -184,6 +185,7 @@ def create_app(state: ServerState) -> FastAPI:
         return await generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx,
                               grammar=grammar, tools=tools)
 
+    add_rerank_routes(app, state, _parse)
     return app
 
 

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ggflow.api.embeddings import l2_normalize, model_pooling_type, pool
+from ggflow.api.encoder import embed_token_lists, fit_tokens, is_encoder, max_input_tokens
 from ggflow.core.batch import Batch
 from ggflow.core.memory import MAX_SEQ
 from ggflow.errors import GGFlowError
@@ -33,9 +34,13 @@ def spare_sequence(engine: Any) -> int:
 def embed_tokens(engine: Any, token_lists: Sequence[list[int]]) -> list[list[float]]:
     """Run in the engine thread: one pooled, normalized vector per token list."""
     ctx = engine.ctx
-    seq = spare_sequence(engine)
     kind = model_pooling_type(ctx.model.metadata)
     kind = "mean" if kind == "none" else kind       # one vector per input, as OpenAI's route returns
+    if is_encoder(ctx.model):   # no cache to spare a sequence of: every input at once, batched per ubatch
+        limit = max_input_tokens(ctx)
+        token_lists = [fit_tokens(t, limit, False, f"input[{i}]", True) for i, t in enumerate(token_lists)]
+        return [l2_normalize(v).tolist() for v in embed_token_lists(ctx, token_lists, kind)]
+    seq = spare_sequence(engine)
     vectors = []
     ctx.set_embeddings(True)
     try:

@@ -18,6 +18,7 @@ from ggflow.core.sampling import SamplingParams
 from ggflow.generation.engine import Engine
 from ggflow.generation.records import Completion
 from ggflow.generation.request import Done, Piece, Request
+from ggflow.serving.rerank import check_can_generate
 from ggflow.serving.handoff import Mailbox
 from ggflow.serving.openai_params import GenerationBody
 from ggflow.serving.responses import (ChoiceShape, ResponseIds, chunk, error_body, error_response, final_chunk,
@@ -61,6 +62,7 @@ async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, toke
     """Submit the request; answer with the whole completion, or stream it (body.stream). ``grammar``
     constrains the output; ``tools`` turns a chat reply's tool-call syntax into OpenAI tool_calls;
     ``prompt_text`` is what ``echo`` repeats. ``n`` > 1 choices continue from one evaluation of the prompt."""
+    check_can_generate(http, engine)   # an encoder, or a --embedding server: 400
     n_top = body.top_logprobs_count(engine.vocab.n_vocab)
     echo = bool(getattr(body, "echo", False))
     shape = ChoiceShape(engine.vocab, n_top is not None, prompt_text if echo else None)

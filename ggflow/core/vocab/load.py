@@ -19,7 +19,8 @@ from ggflow.errors import ModelLoadError
 if TYPE_CHECKING:
     import gguf
 
-SUPPORTED_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece-style BPE with byte fallback"}
+SUPPORTED_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece-style BPE with byte fallback",
+                    "bert": "WordPiece (BERT's phantom-space vocabulary)"}
 
 # --------------------------------------------------------------------------------------------------
 # GGUF metadata
@@ -82,6 +83,9 @@ class TokenizerFlags:
     add_space_prefix: bool     # SPM: a space before the first text fragment; detokenize strips it again
     clean_spaces: bool         # detokenize's clean_up_tokenization_spaces passes
     ignore_merges: bool        # BPE: a pre-token that is a vocabulary entry is taken whole
+    add_sep: bool = False      # WordPiece: [SEP] after the text (BERT's "[CLS] text [SEP]")
+    lowercase: bool = True     # WordPiece's BertNormalizer (tokenizer.ggml.normalizer.lowercase)
+    strip_accents: bool = True # (tokenizer.ggml.normalizer.strip_accents; by default as lowercase)
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,12 @@ def _per_token_array(meta: Metadata, name: str, n: int, dtype, default, source: 
 def _load_flags(meta: Metadata, model: str, pre: PreTokenizerSettings | None) -> TokenizerFlags:
     if model == "llama":
         add_bos, add_space_prefix, clean_spaces, ignore_merges = True, True, False, False
+    elif model == "bert":
+        # llama.cpp's WPM tokenizer adds [CLS] ... [SEP] with add_special whatever add_bos/eos/sep say
+        lowercase = meta.get_bool(KEY + "normalizer.lowercase", True)
+        return TokenizerFlags(add_bos=True, add_eos=False, add_space_prefix=False, clean_spaces=True,
+                              ignore_merges=False, add_sep=True, lowercase=lowercase,
+                              strip_accents=meta.get_bool(KEY + "normalizer.strip_accents", lowercase))
     else:
         add_bos, add_space_prefix = pre.add_bos, False
         clean_spaces, ignore_merges = pre.clean_spaces, pre.ignore_merges
@@ -184,6 +194,8 @@ def _load_special_tokens(meta: Metadata, model: str, pre: PreTokenizerSettings |
     ids: dict[str, int | None] = {name: None for name, _ in _SPECIALKEYS}
     if model == "llama":
         ids.update(bos=1, eos=2, unk=0)
+    elif model == "bert":   # llama.cpp's WPM defaults: [CLS] 101 as BOS, [UNK] 100, [SEP] 102, [PAD] 0, [MASK] 103
+        ids.update(bos=101, unk=100, sep=102, pad=0, mask=103)
     else:
         ids.update(bos=None if pre.no_bos else 11, eos=11)
     for name, key in _SPECIALKEYS:

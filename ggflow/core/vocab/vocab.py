@@ -18,6 +18,7 @@ from ggflow.core.vocab.detokenize import StreamDecoder, byte_level_decode, clean
 from ggflow.core.vocab.errors import InvalidTokenError, TokenizerError
 from ggflow.core.vocab.load import load_vocab, read_tokenizer_metadata, reader_metadata
 from ggflow.core.vocab.spm import SpmMerger
+from ggflow.core.vocab.wpm import PHANTOM_SPACE, build_wpm_tokenizer
 
 if TYPE_CHECKING:
     import gguf
@@ -48,6 +49,10 @@ class Vocab:
         self._pieces: list[bytes | None] = [None] * len(self._tokens)
         if self.model == "llama":
             self._spm, self.hf_tokenizer = SpmMerger(self._token_to_id, self._scores), None
+        elif self.model == "bert":
+            self._spm = None
+            self.hf_tokenizer = build_wpm_tokenizer(self._tokens, self._attrs, self.special.unk,
+                                                    self.flags.lowercase, self.flags.strip_accents)
         else:
             self._spm = None
             self.hf_tokenizer = build_bpe_tokenizer(self._tokens, loaded.merges, loaded.pre_settings,
@@ -132,6 +137,8 @@ class Vocab:
             self._tokenize_bpe(fragments, out)
         if add_special and self.add_eos:
             out.append(self._required(self.eos_id, "EOS"))
+        if add_special and self.flags.add_sep:
+            out.append(self._required(self.special.sep, "SEP"))
         return out
 
     def _required(self, tid: int | None, what: str) -> int:
@@ -200,6 +207,8 @@ class Vocab:
         if attr & NORMAL:
             if self.model == "llama":
                 return text.replace(_SPACE_MARK, " ").encode("utf-8")
+            if self.model == "bert":   # phantom spaces mark word starts (llama_unescape_whitespace)
+                return text.replace(PHANTOM_SPACE, " ").encode("utf-8")
             return byte_level_decode(text)
         if attr & BYTE:
             try:
