@@ -18,8 +18,6 @@ from ggflow.convert import convert  # noqa: E402
 from ggflow.core.gguf_file import GGUFFile  # noqa: E402
 from tests.fixtures.tiny_decoders import VOCAB_GGUF, make_tiny_decoder  # noqa: E402
 
-if not VOCAB_GGUF.is_file():
-    pytest.skip(f"{VOCAB_GGUF} is missing (llama.cpp's GPT-2 vocabulary, in ../shared)", allow_module_level=True)
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 
