@@ -27,6 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from ggflow.api import default_model_path  # noqa: E402
 from ggflow.serving.app import ServerState, create_app  # noqa: E402
 from ggflow.serving.engine import Engine  # noqa: E402
+from ggflow.serving.http_protocol import uvicorn_config  # noqa: E402
+from ggflow.serving.limits import ConnectionLimits  # noqa: E402
 
 API_KEY = "test-key"
 TIMEOUT_S = 120
@@ -43,10 +45,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(state: ServerState):
+def serving(state: ServerState, connection_limits: ConnectionLimits | None = None):
     """uvicorn on 127.0.0.1 at a free port in a thread, serving ``state``'s engine; stopped (engine too) after."""
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    srv = uvicorn.Server(uvicorn_config(create_app(state), "127.0.0.1", port, connection_limits, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

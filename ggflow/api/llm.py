@@ -151,22 +151,24 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, 
             raise ModelKindError(f"{self.model_path} is an encoder ({self.model.metadata.arch}): it embeds and "
                                  f"reranks (embed, create_embedding, rerank), it does not generate text")
 
-    def _eval_prompt(self, tokens: list[int]) -> tuple[np.ndarray, int]:
-        """The logits of the last token ([1, n_vocab]) and how many tokens were reused (the caller holds the turn)."""
+    def _eval_prompt(self, tokens: list[int], all_logits: bool = False) -> tuple[np.ndarray, int]:
+        """The logits of the last token ([1, n_vocab]) or of every token, and how many tokens were reused (the
+        caller holds the turn)."""
         ctx = self._require_context()
         self._refuse_encoder()
         _check_fits(tokens, ctx.n_ctx)
         reuse = 0
-        for a, b in zip(self._cached[: self._reusable], tokens):
-            if a != b:
-                break
-            reuse += 1
-        reuse = min(reuse, len(tokens) - 1)  # the last token is evaluated again to get its logits
+        if not all_logits:  # cached tokens kept no logits: a call that wants them all evaluates them all
+            for a, b in zip(self._cached[: self._reusable], tokens):
+                if a != b:
+                    break
+                reuse += 1
+            reuse = min(reuse, len(tokens) - 1)  # the last token is evaluated again to get its logits
         if not ctx.memory.seq_rm(0, reuse, -1):   # the memory cannot continue from there (a window cache)
             ctx.memory.seq_rm(0, 0, -1)
             reuse = 0
         self._cached, self._reusable = self._cached[:reuse], reuse
-        if ctx.decode(Batch.from_tokens(tokens[reuse:], pos0=reuse)) != 0:
+        if ctx.decode(Batch.from_tokens(tokens[reuse:], pos0=reuse, all_logits=all_logits)) != 0:
             raise ContextFullError("the KV cache is full")
         self._cached, self._reusable = list(tokens), len(tokens)
         return ctx.get_logits().copy(), reuse

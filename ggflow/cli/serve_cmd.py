@@ -12,7 +12,9 @@ from ggflow.cli.args import int_at_least, port_number
 from ggflow.cli.common import backend_names
 from ggflow.errors import GGFlowError
 from ggflow.process_heap import freeze_loaded_objects
-from ggflow.serving.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, ServerLimits
+from ggflow.serving.limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_KEEP_ALIVE_S,
+                                   DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES,
+                                   DEFAULT_MAX_HEADERS, ConnectionLimits, ServerLimits)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -52,6 +54,18 @@ def add_parser(subparsers: Any) -> None:
                         help="serve /v1/embeddings only: generation routes answer 400 (llama-server's --embedding)")
     parser.add_argument("--reranking", action="store_true",
                         help="serve /v1/rerank (and /rerank); the model must be a reranker (llama-server's --reranking)")
+    conns = parser.add_argument_group("limits on one connection")
+    conns.add_argument("--max-header-bytes", type=int_at_least(1), default=DEFAULT_MAX_HEADER_BYTES,
+                       help=f"a request line and headers larger than this get 431 (default {DEFAULT_MAX_HEADER_BYTES})")
+    conns.add_argument("--max-headers", type=int_at_least(1), default=DEFAULT_MAX_HEADERS,
+                       help=f"a request with more header fields gets 431 (default {DEFAULT_MAX_HEADERS})")
+    conns.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S,
+                       help=f"seconds from a connection's start (or its last response) for a request's headers to "
+                            f"arrive, else 408 and closed (default {DEFAULT_HEADER_TIMEOUT_S:g})")
+    conns.add_argument("--keep-alive", type=float, default=DEFAULT_KEEP_ALIVE_S,
+                       help=f"seconds an idle keep-alive connection stays open (default {DEFAULT_KEEP_ALIVE_S:g})")
+    conns.add_argument("--max-connections", type=int_at_least(1), default=DEFAULT_MAX_CONNECTIONS,
+                       help=f"open connections at once; more get 503 and are closed (default {DEFAULT_MAX_CONNECTIONS})")
     parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
     ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve as Ray Serve replicas with prefix-aware routing")
@@ -68,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
         from ggflow.serving.app import ServerState, create_app
+        from ggflow.serving.http_protocol import uvicorn_config
     except ImportError as exc:
         raise GGFlowError(f"ggflow serve needs the server extra: pip install 'ggflow[server]' ({exc})") from None
     from ggflow.api import default_model_path
@@ -78,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
         raise GGFlowError(f"-np must be at least 1, got {args.parallel}")
     limits = ServerLimits(max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
                           max_tokens_cap=args.max_tokens_cap)
+    connection_limits = ConnectionLimits(max_header_bytes=args.max_header_bytes, max_headers=args.max_headers,
+                                         header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
+                                         max_connections=args.max_connections)
     path = args.model or default_model_path()
     if not os.path.isfile(path):
         raise GGFlowError(f"model file not found: {path}")
@@ -107,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     modes = ServingModes(embedding_only=args.embedding, reranking=args.reranking)
     app = create_app(state)
     app.state.ggflow_modes = modes
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+    config = uvicorn_config(app, args.host, args.port, connection_limits, log_level="info",
                             timeout_graceful_shutdown=None)
     server = uvicorn.Server(config)
     loader = threading.Thread(target=load, name="ggflow-load", daemon=True)

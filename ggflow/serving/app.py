@@ -17,8 +17,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import Depends, FastAPI, Request as HTTPRequest
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ggflow.core.sampling import SamplingParams
 from ggflow.errors import GGFlowError
@@ -78,7 +80,9 @@ def create_app(state: ServerState) -> FastAPI:
             if not secrets.compare_digest(given.encode(), f"Bearer {state.api_key}".encode()):
                 raise _Unauthorized("Invalid API Key")
 
-    app = FastAPI(title="ggflow", docs_url=None, redoc_url=None, dependencies=[Depends(require_api_key)])
+    # the schema is a route of ours (below), so it needs the key like every other route
+    app = FastAPI(title="ggflow", docs_url=None, redoc_url=None, openapi_url=None,
+                  dependencies=[Depends(require_api_key)])
     app.state.ggflow = state
     app.add_middleware(BodyLimits, limits=lambda: state.limits)
     _install_error_handlers(app)
@@ -88,6 +92,10 @@ def create_app(state: ServerState) -> FastAPI:
         if state.engine is None:
             return error_response(503, state.load_error or "Loading model", "unavailable_error")
         return {"status": "ok"}
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_schema():
+        return app.openapi()
 
     @app.get("/v1/models")
     @app.get("/models")
@@ -252,7 +260,27 @@ def _install_error_handlers(app: FastAPI) -> None:
         status, kind = next((s, k) for t, s, k in _ERRORS if isinstance(exc, t))
         too_long = isinstance(exc, PromptTooLongError)
         extra = {"n_prompt_tokens": exc.n_prompt_tokens, "n_ctx": exc.n_ctx} if too_long else {}
-        return error_response(status, str(exc), kind, **extra)
+        response = error_response(status, str(exc), kind, **extra)
+        if isinstance(exc, (BodyTooLargeError, BodyTimeoutError)):   # the rest of the body is not read
+            response.headers["connection"] = "close"
+        return response
+
+    async def handle_http(request: HTTPRequest, exc: StarletteHTTPException):
+        """Starlette's own refusals (no such route, a method the route does not take) in OpenAI's shape."""
+        where = f"{request.method} {request.url.path}"
+        message = {404: f"{where}: no such route", 405: f"{where}: the route does not take {request.method}"}
+        response = error_response(exc.status_code, message.get(exc.status_code, f"{where}: {exc.detail}"),
+                                  "not_found_error" if exc.status_code == 404 else "invalid_request_error")
+        response.headers.update(exc.headers or {})   # 405's Allow
+        return response
+
+    async def handle_validation(request: HTTPRequest, exc: RequestValidationError):
+        """A path or query parameter of the wrong type (/slots/abc)."""
+        return error_response(400, "invalid request: " + "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()),
+            "invalid_request_error")
 
     for exc_type, _, _ in _ERRORS:
         app.add_exception_handler(exc_type, handle)
+    app.add_exception_handler(StarletteHTTPException, handle_http)
+    app.add_exception_handler(RequestValidationError, handle_validation)

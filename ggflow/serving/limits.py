@@ -1,4 +1,5 @@
-"""What one request may cost the server: body size, time to send the body, tokens to generate.
+"""What one request may cost the server: body size, time to send the body, tokens to generate; and what one
+connection may hold (``ConnectionLimits``, enforced by serving/http_protocol.py).
 
 ``BodyLimits`` is ASGI middleware: a declared Content-Length past the limit is answered 413 before any byte
 of the body is read; a body that grows past it while being read (chunked) raises ``BodyTooLargeError``, and
@@ -17,6 +18,11 @@ from ggflow.errors import GGFlowError
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_MAX_HEADER_BYTES = 16 << 10     # h11's default; llama-server's (cpp-httplib) is 8 KiB
+DEFAULT_MAX_HEADERS = 100               # Python's http.client and many proxies stop at 100 fields
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_KEEP_ALIVE_S = 5.0              # uvicorn's and llama-server's
+DEFAULT_MAX_CONNECTIONS = 512
 
 
 class BodyTooLargeError(GGFlowError):
@@ -46,6 +52,26 @@ class ServerLimits:
 
     def too_large(self, n: int | str) -> str:
         return f"the request body has {n} bytes; this server takes at most {self.max_body_bytes} (--max-body-bytes)"
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one TCP connection may hold: its request line and headers (431 past them), the time from the
+    connection's start (or its previous response's end) to a request's complete headers (408, then closed),
+    its idle time between requests (closed), and how many connections may be open at once (503, closed)."""
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_headers: int = DEFAULT_MAX_HEADERS
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+    def __post_init__(self):
+        for name in ("max_header_bytes", "max_headers", "max_connections"):
+            if getattr(self, name) < 1:
+                raise GGFlowError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("header_timeout_s", "keep_alive_s"):
+            if not getattr(self, name) > 0:
+                raise GGFlowError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
 Scope = dict[str, Any]
