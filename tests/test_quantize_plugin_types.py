@@ -1,10 +1,12 @@
 """ggflow quantize to tensor types a plugin registers, and llama-quantize's per-tensor overrides
 (--tensor-type PATTERN=TYPE, --output-tensor-type, --token-embedding-type).
 
-The plugin type is TQ2_0 (ggml's ternary format: 256 elements in 64 bytes of 2-bit codes and an fp16
-scale), which ggflow itself does not provide. Its codec is written here in numpy, in ggml's layout, and
-registered through the plugin manager as a third-party plugin would be. gguf-py has an independent
-TQ2_0 decoder and GGUFReader knows the type id, so the outputs are read and decoded without ggflow.
+The plugin types are WIDE_TEST and ODD24_TEST, registered through the plugin manager as a third-party
+plugin would be. TQ2_0 (ggml's ternary format: 256 elements in 64 bytes of 2-bit codes and an fp16 scale)
+was the plugin type here until ggflow built it in (ggflow/quant_builtin/ternary.py); its numpy codec stays
+below as an independent reference that the built-in must equal, and the tests that wrote TQ2_0 files now
+write the built-in type (with --pure where they meant "every matrix in the type"). gguf-py has an
+independent TQ2_0 decoder and GGUFReader knows the type id, so the outputs are read and decoded without ggflow.
 The expected types follow llama.cpp's llama_tensor_get_type and tensor_type_fallback (src/llama-quant.cpp).
 """
 from __future__ import annotations
@@ -55,6 +57,7 @@ def tq2_0_to_float(blocks: np.ndarray) -> np.ndarray:
     return (q.reshape(n, QK).astype(np.float32) - 1) * d
 
 
+# The reference codec as traits, not registered (ggflow registers its own TQ2_0).
 TQ2_0 = TypeTraits("TQ2_0", int(gguf.GGMLQuantizationType.TQ2_0), QK, 66, tq2_0_to_float, tq2_0_from_float, "Q8_K")
 # A plugin type with blocks of 256 that llama.cpp has no fallback for, and one with blocks of 24 (no
 # smaller block to step down to): ids no ggml type uses.
@@ -67,7 +70,6 @@ ODD = TypeTraits("ODD24_TEST", 9102, 24, 24 * 4, lambda b: b.copy().view(np.floa
 class _TernaryPlugin:
     @hookimpl
     def register_quant_types(self, register):
-        register(TQ2_0)
         register(WIDE)
         register(ODD)
 
@@ -100,11 +102,13 @@ def floats_of(t: gguf.ReaderTensor) -> np.ndarray:
     return np.asarray(data, np.float32).reshape(-1, ne[0])
 
 
-def test_the_test_codec_is_ggml_s_tq2_0():
-    # gguf-py decodes the codec's bytes to the same values the codec decodes them to
+def test_the_built_in_tq2_0_is_the_test_codec_and_ggml_s():
+    # the built-in writes the reference codec's bytes; gguf-py decodes them to the values both decoders give
     x = np.random.default_rng(0).standard_normal((6, 2 * QK)).astype(np.float32)
     x[1] = 0
     q = ggflow.quantize(x, TQ2_0)
+    np.testing.assert_array_equal(ggflow.quantize(x, "TQ2_0"), q)
+    np.testing.assert_array_equal(ggflow.dequantize(q, "TQ2_0"), ggflow.dequantize(q, TQ2_0))
     np.testing.assert_array_equal(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.TQ2_0), ggflow.dequantize(q, TQ2_0))
     deq = ggflow.dequantize(q, TQ2_0).reshape(-1, QK)
     amax = np.abs(x.reshape(-1, QK)).max(axis=1, keepdims=True).astype(np.float16).astype(np.float32)
@@ -112,11 +116,11 @@ def test_the_test_codec_is_ggml_s_tq2_0():
     assert np.all(np.abs(deq - x.reshape(-1, QK)) <= amax / 2 + 1e-3)
 
 
-# -- a plain plugin type as TYPE ------------------------------------------------------------------
+# -- every matrix in one type (TQ2_0 --pure) --------------------------------------------------------
 @pytest.fixture(scope="module")
 def llama_tq2(tmp_path_factory):
     out = tmp_path_factory.mktemp("tq2") / "tiny-llama-TQ2_0.gguf"
-    report = quantize_model(shared(TINY_LLAMA), out, "tq2_0", progress=False)
+    report = quantize_model(shared(TINY_LLAMA), out, "tq2_0", pure=True, progress=False)
     return out, report
 
 
@@ -159,8 +163,10 @@ def test_a_type_llama_cpp_has_no_file_type_for_writes_none(tmp_path):
 
 def test_plain_built_in_type_names_that_are_mixes_stay_mixes():
     assert find_mix("Q6_K") is MIXES["Q6_K"] and find_mix("q4_k") is MIXES["Q4_K_M"]
-    plain = find_mix("tq2_0")
-    assert (plain.name, plain.base_type, plain.rules) == ("TQ2_0", "TQ2_0", False)
+    mix = find_mix("tq2_0")   # llama-quantize's TQ2_0 mix (LLAMA_FTYPE_MOSTLY_TQ2_0), with its rules
+    assert mix is MIXES["TQ2_0"] and (mix.ftype, mix.base_type, mix.rules) == (37, "TQ2_0", True)
+    plain = find_mix("wide_test")   # a plugin type that is no mix: every tensor in it, no rules
+    assert (plain.name, plain.base_type, plain.rules) == ("WIDE_TEST", "WIDE_TEST", False)
     with pytest.raises(UnknownNameError):
         find_mix("I32")  # token ids, not a weight type
 
@@ -169,7 +175,7 @@ def test_plain_built_in_type_names_that_are_mixes_stay_mixes():
 def test_rows_that_do_not_fit_a_plugin_type_fall_back_as_llama_cpp_does(tiny_model_path, tmp_path):
     # the 128-wide tiny llama: TQ2_0 (256-element blocks) -> Q4_0 for rows of 128; ffn_down's rows are 256
     out = tmp_path / "tq2-128.gguf"
-    report = quantize_model(tiny_model_path("llama"), out, "TQ2_0", progress=False)
+    report = quantize_model(tiny_model_path("llama"), out, "TQ2_0", pure=True, progress=False)
     types = {n: t.tensor_type.name for n, t in readers(out).items()}
     assert types["blk.0.ffn_down.weight"] == types["blk.1.ffn_down.weight"] == "TQ2_0"
     assert types["blk.0.attn_q.weight"] == types["token_embd.weight"] == types["output.weight"] == "Q4_0"

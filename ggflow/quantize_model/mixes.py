@@ -6,7 +6,10 @@ don't fit the type's block falls back to a type whose blocks do. The rules, name
 numbers are llama.cpp's (src/llama-quant.cpp: llama_tensor_get_type, tensor_type_fallback,
 tensor_allows_quantization; include/llama.h: llama_ftype), so for the same input and mix every
 tensor gets the type llama-quantize gives it (without an importance matrix; with the same overrides,
-except --tensor-type with a float mix, which llama-quantize ignores).
+except --tensor-type with a float mix, which llama-quantize ignores). The i-quant and ternary mixes
+(IQ1_S .. IQ4_XS, TQ1_0, TQ2_0) follow the same function; the 1- and 2-bit i-quant types need an
+importance matrix in llama.cpp (tensor_requires_imatrix), and a mix that would write one without it is
+refused with llama-quantize's reason.
 
 Rules that count layers (``i_attention_wv``, ``i_ffn_down``) count in llama.cpp's processing order,
 tensors sorted by layer number then name, so the choice does not depend on the input file's order.
@@ -46,7 +49,21 @@ MIXES: dict[str, Mix] = {m.name: m for m in (
     Mix("Q5_K_S", 16, "Q5_K"), Mix("Q5_K_M", 17, "Q5_K"),
     Mix("Q6_K", 18, "Q6_K"), Mix("Q8_0", 7, "Q8_0"),
     Mix("F16", 1, "F16"), Mix("BF16", 32, "BF16"), Mix("F32", 0, "F32"),
+    # llama_ftype_get_default_type: note IQ2_S's base is IQ2_XS and IQ2_M's IQ2_S
+    Mix("IQ2_XXS", 19, "IQ2_XXS"), Mix("IQ2_XS", 20, "IQ2_XS"), Mix("IQ2_S", 28, "IQ2_XS"),
+    Mix("IQ2_M", 29, "IQ2_S"), Mix("IQ1_S", 24, "IQ1_S"), Mix("IQ1_M", 31, "IQ1_M"),
+    Mix("TQ1_0", 36, "TQ1_0"), Mix("TQ2_0", 37, "TQ2_0"),
+    Mix("IQ3_XXS", 23, "IQ3_XXS"), Mix("IQ3_S", 26, "IQ3_S"), Mix("IQ3_M", 27, "IQ3_S"),
+    Mix("IQ3_XS", 22, "IQ3_S"), Mix("IQ4_NL", 25, "IQ4_NL"), Mix("IQ4_XS", 30, "IQ4_XS"),
 )}
+# The 1- and 2-bit i-quant mixes: their own branch of llama_tensor_get_type_impl.
+_LOW_IQ = ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M")
+_IQ2_SM = ("IQ2_S", "IQ2_M")
+# Types llama.cpp refuses to write without an importance matrix (tensor_requires_imatrix).
+NEEDS_IMATRIX = ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S")
+# token_embd.weight (untied) in these mixes
+_TOKEN_EMBD_TYPE = {"IQ2_XXS": "Q2_K", "IQ2_XS": "Q2_K", "IQ1_S": "Q2_K", "IQ1_M": "Q2_K", "IQ2_S": "IQ3_S",
+                    "IQ2_M": "IQ3_S", "IQ3_XXS": "IQ3_S", "TQ1_0": "Q4_K", "TQ2_0": "Q4_K"}
 ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}  # llama-quantize's aliases
 
 
@@ -205,7 +222,8 @@ class _Counters:
     def __init__(self, tensors: Sequence[TensorDesc], facts: ModelFacts):
         self.n_attention_wv = sum(category(t.name) in _V_LIKE for t in tensors)
         self.n_layer = facts.n_layer
-        self.i_attention_wv = self.i_ffn_down = 0
+        self.i_attention_wv = self.i_ffn_down = self.i_ffn_gate = self.i_ffn_up = 0
+        self.has_imatrix = False
         self.tied_embeddings = not any(category(t.name) is Category.OUTPUT for t in tensors)
 
 
@@ -222,11 +240,13 @@ def _layer_of(counter: int, name: str, facts: ModelFacts) -> int:
     return int(m.group(1))
 
 
-def _output_type(base: str, t: TensorDesc, facts: ModelFacts, override: str | None) -> str:
+def _output_type(base: str, t: TensorDesc, facts: ModelFacts, override: str | None, mix: str = "") -> str:
     if override is not None:  # --output-tensor-type reaches tied embeddings here (still with the fallback)
         return override
     if facts.arch == "falcon" or t.ne[0] % _block_size(base):
         return "Q8_0"
+    if mix in _LOW_IQ or mix == "IQ3_XXS":
+        return "Q5_K"
     return base if base == "Q8_0" else "Q6_K"
 
 
@@ -242,6 +262,14 @@ def _attn_v_type(new: str, mix: Mix, facts: ModelFacts, st: _Counters) -> str:
         new = "Q6_K"
     elif name == "Q4_K_S" and i < 4:
         new = "Q5_K"
+    elif name == "IQ3_XXS":
+        new = "Q4_K" if facts.n_gqa >= 4 else "IQ3_XXS" if st.has_imatrix else "IQ3_S"
+    elif name in ("IQ3_XS", "IQ3_S") and facts.n_gqa >= 4:
+        new = "Q4_K"
+    elif name == "IQ3_M":
+        new = "Q4_K"
+    elif name in ("IQ4_NL", "IQ4_XS") and facts.n_gqa >= 4:
+        new = "Q5_K"
     if facts.is_70b and new in ("Q3_K", "Q4_K"):
         new = "Q5_K"  # 8 heads share V in a 70B: more bits for V cost little there
     if facts.n_expert == 8:
@@ -249,10 +277,18 @@ def _attn_v_type(new: str, mix: Mix, facts: ModelFacts, st: _Counters) -> str:
     return new
 
 
-def _ffn_down_type(new: str, mix: Mix, facts: ModelFacts, i: int, n: int) -> str:
+def _ffn_down_type(new: str, mix: Mix, facts: ModelFacts, i: int, n: int, has_imatrix: bool = False) -> str:
     falcon, name = facts.arch == "falcon", mix.name
     if name == "Q2_K":
         return "Q3_K"
+    if name == "IQ3_XXS" and not has_imatrix:
+        return "Q4_K" if i < n // 8 else "Q3_K"
+    if name == "IQ3_M" and (i < n // 8 or (facts.n_expert == 8 and use_more_bits(i, n))):
+        return "Q4_K"
+    if name in ("IQ4_NL", "IQ4_XS") and i < n // 8 and not has_imatrix:
+        return "Q5_K"
+    if name in ("Q4_0", "Q5_0") and has_imatrix and i < n // 8:
+        return "Q4_1" if name == "Q4_0" else "Q5_1"  # llama.cpp's guard, only with an imatrix
     if name == "Q3_K_M":
         return "Q5_K" if i < n // 16 else "Q4_K" if not falcon or use_more_bits(i, n) else "Q3_K"
     if name == "Q3_K_L":
@@ -268,7 +304,8 @@ def _ffn_down_type(new: str, mix: Mix, facts: ModelFacts, i: int, n: int) -> str
     return new
 
 
-_ATTN_OUTPUT_8_EXPERTS_Q5_K = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M")
+_ATTN_OUTPUT_8_EXPERTS_Q5_K = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ3_XS", "IQ3_XXS", "IQ4_NL",
+                               "IQ3_S", "IQ3_M", "IQ4_XS")
 
 
 def _attn_output_type(new: str, mix: Mix, facts: ModelFacts) -> str:
@@ -276,7 +313,33 @@ def _attn_output_type(new: str, mix: Mix, facts: ModelFacts) -> str:
         return "Q4_K" if mix.name == "Q3_K_L" else new
     if facts.n_expert == 8:
         return "Q5_K" if mix.name in _ATTN_OUTPUT_8_EXPERTS_Q5_K else new
-    return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(mix.name, new)
+    return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "IQ3_XXS": "IQ3_S", "IQ3_M": "Q4_K"}.get(mix.name, new)
+
+
+def _low_iq_type(new: str, cat: "Category", mix: Mix, facts: ModelFacts, st: _Counters) -> str:
+    """The 1- and 2-bit i-quant mixes: Q2_K / IQ3_S / Q4_K for the tensors that matter most."""
+    sm = mix.name in _IQ2_SM
+    if cat in _V_LIKE:
+        new = "Q4_K" if facts.n_gqa >= 4 or facts.n_expert >= 4 else "IQ3_S" if sm else "Q2_K"
+        st.i_attention_wv += 1
+    elif facts.n_expert == 8 and cat is Category.ATTN_K:
+        new = "Q4_K"
+    elif cat is Category.FFN_DOWN:
+        if st.i_ffn_down < st.n_layer // 8:   # the counter itself, not the layer, in this branch
+            new = "IQ3_S" if sm else "Q2_K"
+        st.i_ffn_down += 1
+    elif cat is Category.ATTN_OUTPUT:
+        if facts.n_expert == 8:
+            new = "Q5_K"
+        elif mix.name in ("IQ1_S", "IQ1_M"):
+            new = "IQ2_XXS"
+        elif sm:
+            new = "IQ3_S"
+    return new
+
+
+def _ffn_up_gate_type(new: str, mix: Mix, i: int, n: int) -> str:
+    return "IQ3_XXS" if mix.name == "IQ3_XS" and n // 8 <= i < 7 * n // 8 else new
 
 
 def _mix_type(t: TensorDesc, mix: Mix, facts: ModelFacts, st: _Counters, output_override: str | None) -> str:
@@ -285,17 +348,32 @@ def _mix_type(t: TensorDesc, mix: Mix, facts: ModelFacts, st: _Counters, output_
     if facts.arch == "glm5-next" and any(p in t.name for p in ("attn_q_a", "attn_q_b", "nextn.eh_proj")):
         return "Q8_0"
     if cat is Category.OUTPUT or (st.tied_embeddings and cat is Category.TOKEN_EMBD):
-        return _output_type(new, t, facts, output_override)
+        return _output_type(new, t, facts, output_override, mix.name)
+    if cat is Category.TOKEN_EMBD:
+        return _TOKEN_EMBD_TYPE.get(mix.name, new)
+    if mix.name in _LOW_IQ:
+        return _low_iq_type(new, cat, mix, facts, st)
     if cat in _V_LIKE:
         new = _attn_v_type(new, mix, facts, st)
         st.i_attention_wv += 1
-    elif cat is Category.ATTN_K and facts.n_expert == 8:
-        new = "Q8_0"
+    elif cat is Category.ATTN_K:
+        if facts.n_expert == 8:
+            new = "Q8_0"
+        elif mix.name in ("IQ3_XS", "IQ3_XXS"):
+            new = "IQ3_XXS" if mix.name == "IQ3_XS" else "IQ2_S"
+    elif cat is Category.ATTN_Q and mix.name in ("IQ3_XS", "IQ3_XXS"):
+        new = "IQ3_XXS" if mix.name == "IQ3_XS" else "IQ2_S"
     elif cat is Category.FFN_DOWN:
-        new = _ffn_down_type(new, mix, facts, _layer_of(st.i_ffn_down, t.name, facts), st.n_layer)
+        new = _ffn_down_type(new, mix, facts, _layer_of(st.i_ffn_down, t.name, facts), st.n_layer, st.has_imatrix)
         st.i_ffn_down += 1
     elif cat is Category.ATTN_OUTPUT:
         new = _attn_output_type(new, mix, facts)
+    elif cat is Category.FFN_GATE:
+        new = _ffn_up_gate_type(new, mix, _layer_of(st.i_ffn_gate, t.name, facts), st.n_layer)
+        st.i_ffn_gate += 1
+    elif cat is Category.FFN_UP:
+        new = _ffn_up_gate_type(new, mix, _layer_of(st.i_ffn_up, t.name, facts), st.n_layer)
+        st.i_ffn_up += 1
     return new
 
 
@@ -337,7 +415,7 @@ def _processing_order(tensors: Sequence[TensorDesc]) -> list[TensorDesc]:
 
 
 def choose_types(tensors: Iterable[TensorDesc], mix: Mix, facts: ModelFacts, pure: bool = False,
-                 overrides: TypeOverrides = NO_OVERRIDES) -> dict[str, TypeChoice]:
+                 overrides: TypeOverrides = NO_OVERRIDES, has_imatrix: bool = False) -> dict[str, TypeChoice]:
     """name -> the output type of every tensor. pure: every quantizable tensor in the base type.
 
     llama_tensor_get_type's order: tensors that aren't quantized keep their type; then
@@ -346,6 +424,7 @@ def choose_types(tensors: Iterable[TensorDesc], mix: Mix, facts: ModelFacts, pur
     """
     tensors = list(tensors)
     st = _Counters(tensors, facts)
+    st.has_imatrix = has_imatrix
     rules = mix.rules and not pure and type_traits(mix.base_type).is_quantized
     choices: dict[str, TypeChoice] = {}
     for t in _processing_order(tensors):
@@ -363,8 +442,31 @@ def choose_types(tensors: Iterable[TensorDesc], mix: Mix, facts: ModelFacts, pur
             final = fallback_type(t.ne[0], wanted)
         except QuantizationError as exc:
             raise QuantizationError(f"tensor {t.name!r}: {exc}; give it another type with --tensor-type") from None
+        _check_writable(t, final, has_imatrix)
         choices[t.name] = TypeChoice(t.name, final, wanted if final != wanted else None)
     return choices
+
+
+def requires_imatrix(name: str, type_name: str) -> bool:
+    """llama.cpp's tensor_requires_imatrix (its Q2_K_S case aside: ggflow offers no Q2_K_S mix)."""
+    if name in ("token_embd.weight", "per_layer_token_embd.weight", "output.weight"):
+        return False
+    return type_name in NEEDS_IMATRIX
+
+
+def _check_writable(t: TensorDesc, final: str, has_imatrix: bool) -> None:
+    if final == t.type_name:
+        return
+    if not has_imatrix and requires_imatrix(t.name, final):
+        raise QuantizationError(
+            f"this quantization requires an importance matrix (llama-quantize: 'this quantization requires an "
+            f"imatrix!'): tensor {t.name!r} would be {final}, which llama.cpp writes only with importance "
+            f"weights, and ggflow cannot compute or read an imatrix yet; choose IQ4_XS, IQ4_NL, TQ1_0, TQ2_0 "
+            f"or a K-quant mix, or give the tensor another type with --tensor-type")
+    if type_traits(final).from_float is None:
+        raise QuantizationError(f"tensor {t.name!r} would be {final}, which ggflow can read but not write yet "
+                                f"(no quantizer for it); choose another mix or give the tensor a type with "
+                                f"--tensor-type")
 
 
 def _direct_override(t: TensorDesc, overrides: TypeOverrides) -> tuple[str, str] | None:
