@@ -10,6 +10,8 @@ This module is a stable API for every module in ``ggflow.quant_builtin``.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ggflow.errors import QuantizationError
@@ -149,3 +151,13 @@ def as_records(blocks: np.ndarray, block_dtype: np.dtype) -> np.ndarray:
 def records_to_bytes(records: np.ndarray) -> np.ndarray:
     """(n_blocks,) structured records -> (n_blocks, itemsize) uint8 (a view, no copy)."""
     return records.view(np.uint8).reshape(records.shape[0], records.dtype.itemsize)
+
+
+def byte_block_decoder(name: str, type_size: int, decode: Callable[[np.ndarray], np.ndarray]):
+    """A type's to_float: its byte blocks checked, then ``decode``d with inf/NaN scales passing through."""
+    def to_float(blocks: np.ndarray) -> np.ndarray:
+        blocks = check_byte_blocks(blocks, name, type_size)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN fp16 scales decode to inf/NaN, as in C
+            return decode(blocks)
+    to_float.__name__ = decode.__name__
+    return to_float

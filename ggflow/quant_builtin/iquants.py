@@ -18,7 +18,7 @@ import numpy as np
 from ggflow.core.types import TypeTraits
 from ggflow.plugins.hookspecs import hookimpl
 from ggflow.quant_builtin import _iq_grids as tables
-from ggflow.quant_builtin._blocks import check_byte_blocks, fp16_to_fp32
+from ggflow.quant_builtin._blocks import byte_block_decoder, fp16_to_fp32
 
 QK_K = 256
 IQ1S_DELTA = np.float32(0.125)
@@ -165,19 +165,12 @@ def dequantize_iq4_xs(blocks: np.ndarray) -> np.ndarray:
 
 
 # -- traits ----------------------------------------------------------------------------------
-def _decoder(name: str, type_size: int, decode: Callable[[np.ndarray], np.ndarray]):
-    def to_float(blocks: np.ndarray) -> np.ndarray:
-        blocks = check_byte_blocks(blocks, name, type_size)
-        with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN fp16 scales decode to inf/NaN, as in C
-            return decode(blocks)
-    to_float.__name__ = decode.__name__
-    return to_float
 
 
 def _traits(name: str, type_id: int, block_size: int, type_size: int, decode, vec_dot_type: str,
             encode=None) -> TypeTraits:
     return TypeTraits(name=name, type_id=type_id, block_size=block_size, type_size=type_size,
-                      to_float=_decoder(name, type_size, decode), from_float=encode,
+                      to_float=byte_block_decoder(name, type_size, decode), from_float=encode,
                       vec_dot_type=vec_dot_type)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ggflow.core.types import TypeTraits
 from ggflow.plugins.hookspecs import hookimpl
-from ggflow.quant_builtin._blocks import check_byte_blocks, check_float_blocks, fp16_to_fp32, require_finite
+from ggflow.quant_builtin._blocks import byte_block_decoder, check_float_blocks, fp16_to_fp32, require_finite
 
 QK_K = 256
 F16 = "<f2"
@@ -147,19 +147,12 @@ def _encoder(name: str, type_size: int) -> Callable[[np.ndarray], np.ndarray]:
     return from_float
 
 
-def _decoder(name: str, type_size: int, decode: Callable[[np.ndarray], np.ndarray]):
-    def to_float(blocks: np.ndarray) -> np.ndarray:
-        blocks = check_byte_blocks(blocks, name, type_size)
-        with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN fp16 scales decode to inf/NaN, as in C
-            return decode(blocks)
-    to_float.__name__ = decode.__name__
-    return to_float
 
 
 def _traits(name: str, type_id: int, block_dtype: np.dtype, decode) -> TypeTraits:
     size = block_dtype.itemsize
     return TypeTraits(name=name, type_id=type_id, block_size=QK_K, type_size=size,
-                      to_float=_decoder(name, size, decode), from_float=_encoder(name, size),
+                      to_float=byte_block_decoder(name, size, decode), from_float=_encoder(name, size),
                       vec_dot_type="Q8_K", block_dtype=block_dtype)
 
 
