@@ -45,10 +45,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(state: ServerState, connection_limits: ConnectionLimits | None = None):
-    """uvicorn on 127.0.0.1 at a free port in a thread, serving ``state``'s engine; stopped (engine too) after."""
+def serving(state: ServerState, connection_limits: ConnectionLimits | None = None, modes=None):
+    """uvicorn on 127.0.0.1 at a free port in a thread, serving ``state``'s engine (in ``ggflow serve``'s
+    ``modes`` when given: --embedding / --reranking); stopped (engine too) after."""
     port = free_port()
-    srv = uvicorn.Server(uvicorn_config(create_app(state), "127.0.0.1", port, connection_limits, log_level="warning"))
+    app = create_app(state)
+    if modes is not None:
+        app.state.ggflow_modes = modes
+    srv = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, connection_limits, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

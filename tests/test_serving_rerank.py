@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -21,11 +19,11 @@ httpx = pytest.importorskip("httpx")
 
 from ggflow.api import LLM  # noqa: E402
 from ggflow.convert import convert  # noqa: E402
-from ggflow.serving.app import ServerState, create_app  # noqa: E402
+from ggflow.serving.app import ServerState  # noqa: E402
 from ggflow.serving.engine import Engine  # noqa: E402
 from ggflow.serving.rerank import ServingModes  # noqa: E402
 from tests.fixtures.tiny_bert import make_tiny_bert  # noqa: E402
-from tests.test_serving_http import free_port  # noqa: E402
+from tests.test_serving_http import free_port, serving as serving_state  # noqa: E402
 
 TEXTS = ["The cat sat on the mat.", "Paris is the capital of France!", "bananas"]
 QUERY, DOCS = "what is the capital of france", ["bananas are yellow", "Paris is the capital of France.",
@@ -36,22 +34,8 @@ QUERY, DOCS = "what is the capital of france", ["bananas are yellow", "Paris is 
 def serving(path, modes: ServingModes):
     engine = Engine.load(str(path), n_ctx=64, n_slots=2, n_threads=1)
     engine.start()
-    app = create_app(ServerState(model_name="tiny", engine=engine))
-    app.state.ggflow_modes = modes
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        srv.should_exit = True
-        thread.join(30)
-        engine.stop(drain=False, timeout=30)
+    with serving_state(ServerState(model_name="tiny", engine=engine), modes=modes) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
