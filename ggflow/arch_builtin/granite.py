@@ -7,10 +7,9 @@ or 0 is left out, as llama.cpp leaves it out.
 """
 from __future__ import annotations
 
-from ggflow.arch_builtin.llama import Llama
+from ggflow.arch_builtin.llama import Llama, llama_ffn
 from ggflow.core import ops
-from ggflow.core.experts import experts_of, has_experts
-from ggflow.core.graph_builder import FFN, GraphBuilder, Norm
+from ggflow.core.graph_builder import GraphBuilder, Norm
 from ggflow.core.model import HParams, Metadata
 from ggflow.errors import ModelLoadError
 from ggflow.plugins.hookspecs import hookimpl
@@ -46,12 +45,7 @@ class Granite(Llama):
                 cur, x = b.select_outputs(cur, x)
             x = ops.add(residual(cur), x)                                         # residual
             cur = b.norm(x, layer.ffn_norm, None, Norm.RMS)
-            if has_experts(hp):
-                cur = b.moe_ffn(cur, experts_of(hp), kind=FFN.SILU_GATED, gate_inp=layer.ffn_gate_inp,
-                                up_exps=layer.ffn_up_exps, gate_exps=layer.ffn_gate_exps, down_exps=layer.ffn_down_exps)
-            else:
-                cur = b.ffn(cur, up=layer.ffn_up, gate=layer.ffn_gate, down=layer.ffn_down, kind=FFN.SILU_GATED,
-                            up_b=layer.ffn_up_b, gate_b=layer.ffn_gate_b, down_b=layer.ffn_down_b)
+            cur = llama_ffn(b, cur, layer)
             x = ops.add(residual(cur), x)                                         # residual
         x = b.norm(x, w.output_norm, None, Norm.RMS)
         logits = b.lm_head(x, w.output or w.tok_embd)                             # [n_vocab, n_outputs]

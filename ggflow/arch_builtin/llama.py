@@ -57,6 +57,15 @@ class LlamaWeights:
     output: Tensor | None = optional("output.weight", lambda hp: (hp.n_embd, hp.n_vocab))
 
 
+def llama_ffn(b: GraphBuilder, cur: Tensor, layer: LlamaLayer) -> Tensor:
+    """The block's SiLU-gated FFN: Mixtral's experts where the file has them, else the dense one."""
+    if has_experts(b.hp):
+        return b.moe_ffn(cur, experts_of(b.hp), kind=FFN.SILU_GATED, gate_inp=layer.ffn_gate_inp,
+                         up_exps=layer.ffn_up_exps, gate_exps=layer.ffn_gate_exps, down_exps=layer.ffn_down_exps)
+    return b.ffn(cur, up=layer.ffn_up, gate=layer.ffn_gate, down=layer.ffn_down, kind=FFN.SILU_GATED,
+                 up_b=layer.ffn_up_b, gate_b=layer.ffn_gate_b, down_b=layer.ffn_down_b)
+
+
 class Llama(Architecture):
     names = ("llama",)
     weights = LlamaWeights
@@ -79,12 +88,7 @@ class Llama(Architecture):
                 cur, x = b.select_outputs(cur, x)
             x = ops.add(x, cur)                                                   # residual
             cur = b.norm(x, layer.ffn_norm, None, Norm.RMS)
-            if has_experts(hp):
-                cur = b.moe_ffn(cur, experts_of(hp), kind=FFN.SILU_GATED, gate_inp=layer.ffn_gate_inp,
-                                up_exps=layer.ffn_up_exps, gate_exps=layer.ffn_gate_exps, down_exps=layer.ffn_down_exps)
-            else:
-                cur = b.ffn(cur, up=layer.ffn_up, gate=layer.ffn_gate, down=layer.ffn_down, kind=FFN.SILU_GATED,
-                            up_b=layer.ffn_up_b, gate_b=layer.ffn_gate_b, down_b=layer.ffn_down_b)
+            cur = llama_ffn(b, cur, layer)
             x = ops.add(x, cur)                                                   # residual
         x = b.norm(x, w.output_norm, None, Norm.RMS)
         return b.lm_head(x, w.output or w.tok_embd)                               # [n_vocab, n_outputs]
