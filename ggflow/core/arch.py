@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ggflow.core.model import HParams, Metadata
 from ggflow.errors import ModelLoadError
+from ggflow.plugins.removed import removed_names
 
 if TYPE_CHECKING:
     from ggflow.core.backend import Backend
@@ -116,3 +117,6 @@ def _n_vocab(meta: Metadata) -> int:
     if not n_vocab:
         raise ModelLoadError(f"{meta.path}: vocabulary size unknown (no {key}, no tokens)")
     return n_vocab
+
+
+__getattr__ = removed_names(__name__)   # a removed name says what replaced it

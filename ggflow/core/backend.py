@@ -14,6 +14,7 @@ import numpy as np
 
 from ggflow.core.tensor import Tensor, contiguous_strides, strided_view
 from ggflow.errors import BackendError
+from ggflow.plugins.removed import removed_names
 
 
 class Buffer(ABC):
@@ -254,3 +255,6 @@ def _as_bytes(tensor: Tensor, data: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["Availability", "Backend", "BackendOptions", "Buffer", "HostBuffer", "contiguous_strides"]
+
+
+__getattr__ = removed_names(__name__)   # a removed name says what replaced it

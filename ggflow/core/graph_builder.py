@@ -16,6 +16,7 @@ from ggflow.core import ops
 from ggflow.core.experts import Experts, Gating
 from ggflow.core.graph import Graph
 from ggflow.core.tensor import Tensor
+from ggflow.plugins.removed import removed_names
 
 if TYPE_CHECKING:
     from ggflow.core.memory import Memory
@@ -256,3 +257,6 @@ class GraphBuilder:
         logits.name = "result_norm" if logits is self.t_embd else "result_output"
         self.graph.mark_output(logits)
         return self.graph
+
+
+__getattr__ = removed_names(__name__)   # a removed name says what replaced it

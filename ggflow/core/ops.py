@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 from ggflow.core.tensor import MAX_DIMS, Tensor, TensorFlag
 from ggflow.core.types import TypeTraits, type_traits
 from ggflow.errors import PluginError, ShapeError, UnknownNameError
+from ggflow.plugins.removed import removed_names
 
 # RoPE modes, as ggml numbers them.
 ROPE_NORMAL = 0   # rotate adjacent pairs (x[2i], x[2i+1]): llama as GGUF stores its Q/K
@@ -387,3 +388,6 @@ def permute(a: Tensor, ax0: int, ax1: int, ax2: int, ax3: int) -> Tensor:
 
 def transpose(a: Tensor) -> Tensor:
     return permute(a, 1, 0, 2, 3)
+
+
+__getattr__ = removed_names(__name__)   # a removed name says what replaced it

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 import numpy as np
 
 from ggflow.errors import GGFlowError
+from ggflow.plugins.removed import removed_names
 
 
 
@@ -289,6 +290,7 @@ class LogitsProcessorSampler(SamplerBase):
         return twin
 
 
+_removed_name = removed_names(__name__)   # a removed name says what replaced it
 _POLICY_NAMES = ("SamplingParams", "build_chain", "DEFAULT_SAMPLER_ORDER")
 
 
@@ -297,7 +299,7 @@ def __getattr__(name: str) -> Any:
     if name in _POLICY_NAMES:
         from ggflow.core import sampling_params
         return getattr(sampling_params, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _removed_name(name)
 
 
 __all__ = ["TokenDataArray", "Sampler", "SamplerBase", "SamplerChain", "make_sampler", "LogitsProcessorSampler",

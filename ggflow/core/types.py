@@ -75,8 +75,12 @@ I32 = TypeTraits("I32", 26, 1, 4, _i32_to_float, _float_to_i32, "I32", numpy_dty
 
 
 from ggflow.plugins.hookspecs import hookimpl  # noqa: E402  (after the definitions it registers)
+from ggflow.plugins.removed import removed_names
 
 
 @hookimpl
 def register_quant_types(register) -> None:
     register(I32)
+
+
+__getattr__ = removed_names(__name__)   # a removed name says what replaced it

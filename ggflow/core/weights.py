@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 
 from ggflow.errors import ModelLoadError
+from ggflow.plugins.removed import removed_names
 
 if TYPE_CHECKING:
     from ggflow.core.model import HParams
@@ -77,3 +78,6 @@ def _lookup(spec: TensorSpec, hp: HParams, tensors: Mapping[str, Tensor], path: 
     if t.ne[: len(ne)] != ne or any(n != 1 for n in t.ne[len(ne):]):
         raise ModelLoadError(f"{path}: tensor {name!r} has shape {list(t.ne[:t.n_dims])}, expected {list(ne)}")
     return t
+
+
+__getattr__ = removed_names(__name__)   # a removed name says what replaced it

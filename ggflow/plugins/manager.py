@@ -19,6 +19,7 @@ import pluggy
 
 from ggflow.errors import PluginError, UnknownNameError
 from ggflow.plugins import hookspecs
+from ggflow.plugins.api_version import check_plugin_api
 
 T = TypeVar("T")
 SEAMS = {  # seam -> (hook name, what one registration is called in messages)
@@ -149,12 +150,14 @@ class PluginManager:
                 "install the package (pip install -e .) so its built-in plugins can be discovered", ""))
 
     def register(self, plugin: Any, source: Source | str | None = None) -> None:
-        """Add a plugin object (a module or an instance with @hookimpl methods)."""
+        """Add a plugin object (a module or an instance with @hookimpl methods); one declaring another major
+        GGFLOW_API_VERSION is refused (api_version.check_plugin_api)."""
         with self._lock:
             if isinstance(source, str) or source is None:
                 source = Source(source or getattr(plugin, "__name__", type(plugin).__name__))
             if self.pm.is_registered(plugin):
                 return
+            check_plugin_api(plugin, f"plugin {_origin(source)}")
             self.pm.register(plugin, name=f"{source.distribution or '-'}:{source.plugin}:{id(plugin)}")
             self._sources[id(plugin)] = source
             self._registries = None

@@ -1,4 +1,7 @@
-"""IQ4_NL, a quant type ggflow does not build in: its format (TypeTraits) and its CPU matmul pieces.
+"""IQ4_NL as a plugin quant type: its format (TypeTraits) and its CPU matmul pieces.
+
+ggflow now builds IQ4_NL in (quant_builtin): installing this example replaces the built-in one, with a
+PluginOverrideWarning, which is what it shows: a plugin type with pieces, and how an override is said.
 
 Format (ggml's block_iq4_nl, 32 weights in 18 bytes): an f16 scale d, then 16 bytes of 4-bit indices
 into a fixed non-linear table (element j in the low nibble of byte j, element j + 16 in the high one);

@@ -8,6 +8,8 @@ from ggflow_example_plugin.backend import ExampleNumpyBackend
 from ggflow_example_plugin.iq4_nl import IQ4_NL
 from ggflow_example_plugin.sampler import ArgMin
 
+GGFLOW_API_VERSION = "3.0"  # the plugin API it was written for: ggflow refuses it under another major
+
 
 @hookimpl
 def register_samplers(register):

@@ -1,0 +1,91 @@
+"""The plugin API says when it changes: GGFLOW_API_VERSION checks and removed names that name their replacement."""
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import pytest
+
+from ggflow.errors import GGFlowError, PluginError
+from ggflow.plugins import API_VERSION, PluginAPIWarning, RemovedNameError, hookimpl
+from ggflow.plugins.manager import PluginManager
+from ggflow.plugins.removed import REMOVED
+
+MAJOR, MINOR = (int(p) for p in API_VERSION.split("."))
+
+
+class PickFirst:
+    name = "test_api_pick_first"
+
+    def apply(self, cur):
+        cur.selected = 0
+
+
+class Plugin:
+    def __init__(self, version):
+        if version is not None:
+            self.GGFLOW_API_VERSION = version
+
+    @hookimpl
+    def register_samplers(self, register):
+        register(PickFirst)
+
+
+def test_a_plugin_for_this_version_or_none_registers_silently():
+    for version in (API_VERSION, f"{MAJOR}.0", None):
+        manager = PluginManager(autoload=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            manager.register(Plugin(version), "fits")
+        assert "test_api_pick_first" in manager.samplers
+
+
+@pytest.mark.parametrize("version", [f"{MAJOR - 1}.9", f"{MAJOR + 1}.0"])
+def test_a_plugin_for_another_major_version_is_refused_naming_both(version):
+    manager = PluginManager(autoload=False)
+    with pytest.raises(PluginError) as err:
+        manager.register(Plugin(version), "old")
+    assert version in str(err.value) and API_VERSION in str(err.value) and "old" in str(err.value)
+    assert "test_api_pick_first" not in manager.samplers
+
+
+def test_a_plugin_for_a_newer_minor_version_registers_with_a_warning():
+    manager = PluginManager(autoload=False)
+    with pytest.warns(PluginAPIWarning, match=f"{MAJOR}.{MINOR + 1}"):
+        manager.register(Plugin(f"{MAJOR}.{MINOR + 1}"), "newer")
+    assert "test_api_pick_first" in manager.samplers
+
+
+@pytest.mark.parametrize("version", ["3", "three.0", 3.0, "3.0.1", "٣.0", ""])
+def test_a_malformed_declaration_is_refused_saying_the_expected_form(version):
+    with pytest.raises(PluginError, match="major.minor"):
+        PluginManager(autoload=False).register(Plugin(version), "odd")
+
+
+@pytest.mark.parametrize("module, name", [(m, n) for m, names in REMOVED.items() for n in names])
+def test_a_removed_name_raises_an_error_naming_its_replacement(module, name):
+    replacement, version = REMOVED[module][name]
+    with pytest.raises(RemovedNameError) as err:
+        exec(f"from {module} import {name}", {})
+    message = str(err.value)
+    assert f"{module}.{name}" in message and replacement in message and version in message
+    assert isinstance(err.value, ImportError) and isinstance(err.value, GGFlowError)
+
+
+@pytest.mark.parametrize("module", ["ggflow.core.arch", "ggflow.core.weights", "ggflow.core.graph_builder",
+                                    "ggflow.core.ops", "ggflow.core.sampling", "ggflow.core.types",
+                                    "ggflow.core.backend"])
+def test_other_missing_names_are_plain_attribute_errors(module):
+    mod = importlib.import_module(module)
+    assert not hasattr(mod, "no_such_name_anywhere")
+    with pytest.raises(ImportError, match="cannot import name"):
+        exec(f"from {module} import no_such_name_anywhere", {})
+
+
+def test_the_changes_list_in_the_docs_names_every_removed_name():
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
+    assert f"API_VERSION = \"{API_VERSION}\"" in doc or f"`{API_VERSION}`" in doc
+    for module, names in REMOVED.items():
+        for name in names:
+            assert f"{module}.{name}" in doc, f"docs/plugins.md does not list the removed {module}.{name}"
