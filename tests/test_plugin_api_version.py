@@ -89,3 +89,18 @@ def test_the_changes_list_in_the_docs_names_every_removed_name():
     for module, names in REMOVED.items():
         for name in names:
             assert f"{module}.{name}" in doc, f"docs/plugins.md does not list the removed {module}.{name}"
+
+
+def test_the_docs_list_every_graph_op_and_every_graph_builder_block():
+    import inspect
+    import re
+    from pathlib import Path
+
+    from ggflow.core.graph_builder import GraphBuilder
+    from ggflow.core.ops import Op
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
+    op_cells = {cell for row in re.findall(r"^\| (`[^|]+`) \|", doc, re.M) for cell in re.findall(r"`(\w+)`", row)}
+    assert not [op.value for op in Op if op.value not in op_cells], "ops missing from docs/plugins.md's op table"
+    blocks = {name for name, _ in inspect.getmembers(GraphBuilder) if not name.startswith("_")}
+    documented = set(re.findall(r"^\| `(\w+)[(`]", doc, re.M))
+    assert blocks <= documented, f"GraphBuilder blocks missing from docs/plugins.md: {sorted(blocks - documented)}"
