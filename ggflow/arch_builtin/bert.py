@@ -14,7 +14,8 @@ from ggflow.core import ops
 from ggflow.core.arch import LAYER_EPS, Architecture, load_common_hparams
 from ggflow.core.encoder_memory import EncoderMemory, attend_within_ubatch
 from ggflow.core.graph_builder import FFN, GraphBuilder, Norm
-from ggflow.core.model import HParams, Metadata
+from ggflow.core.hparams import HParams
+from ggflow.core.metadata import Metadata
 from ggflow.core.tensor import Tensor
 from ggflow.core.weights import optional, per_layer, tensor
 from ggflow.errors import ModelLoadError

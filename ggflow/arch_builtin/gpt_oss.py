@@ -17,7 +17,8 @@ from ggflow.core.arch import Architecture
 from ggflow.core.experts import Gating, experts_of, load_experts, n_expert, n_ff_exp
 from ggflow.core.graph_builder import FFN, GraphBuilder, Norm
 from ggflow.core.memory import SlidingWindow
-from ggflow.core.model import HParams, Metadata
+from ggflow.core.hparams import HParams
+from ggflow.core.metadata import Metadata
 from ggflow.core.tensor import Tensor
 from ggflow.core.weights import per_layer, tensor
 from ggflow.errors import ModelLoadError

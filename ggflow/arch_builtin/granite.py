@@ -10,7 +10,8 @@ from __future__ import annotations
 from ggflow.arch_builtin.llama import Llama, llama_ffn
 from ggflow.core import ops
 from ggflow.core.graph_builder import GraphBuilder, Norm
-from ggflow.core.model import HParams, Metadata
+from ggflow.core.hparams import HParams
+from ggflow.core.metadata import Metadata
 from ggflow.errors import ModelLoadError
 from ggflow.plugins.hookspecs import hookimpl
 

@@ -13,7 +13,8 @@ from ggflow.core import ops
 from ggflow.core.arch import Architecture
 from ggflow.core.experts import experts_of, has_experts, is_dense, load_experts, n_expert
 from ggflow.core.graph_builder import FFN, GraphBuilder, Norm
-from ggflow.core.model import HParams, Metadata
+from ggflow.core.hparams import HParams
+from ggflow.core.metadata import Metadata
 from ggflow.core.tensor import Tensor
 from ggflow.core.weights import optional, per_layer, tensor
 from ggflow.plugins.hookspecs import hookimpl

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from ggflow.core import ops
 from ggflow.core.arch import Architecture
 from ggflow.core.graph_builder import GraphBuilder, Norm
-from ggflow.core.model import HParams, Metadata
+from ggflow.core.hparams import HParams
+from ggflow.core.metadata import Metadata
 from ggflow.core.tensor import Tensor
 from ggflow.core.weights import optional, per_layer, tensor
 from ggflow.plugins.hookspecs import hookimpl

@@ -4,7 +4,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
-from ggflow.core.model import HParams, Metadata
+from ggflow.core.hparams import HParams
+from ggflow.core.metadata import Metadata
 from ggflow.errors import ModelLoadError
 from ggflow.plugins.removed import removed_names
 

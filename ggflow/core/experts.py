@@ -15,7 +15,7 @@ from ggflow.errors import ModelLoadError
 
 if TYPE_CHECKING:
     from ggflow.core.metadata import Metadata
-    from ggflow.core.model import HParams
+    from ggflow.core.hparams import HParams
 
 MAX_EXPERTS = 1024    # LLAMA_MAX_EXPERTS
 

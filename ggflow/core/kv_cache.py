@@ -26,7 +26,7 @@ from ggflow.core.backend import Backend
 from ggflow.core.batch import UBatch, sequences_of
 from ggflow.core.memory import (CELL_PAGE, MAX_SEQ, N_KV_PAD, KVInputs, Memory, MemoryBatch, SlidingWindow, Slot,
                                 page_cells)
-from ggflow.core.model import HParams
+from ggflow.core.hparams import HParams
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.errors import GGFlowError
 

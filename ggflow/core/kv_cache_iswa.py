@@ -30,7 +30,7 @@ from ggflow.core.backend import Backend
 from ggflow.core.batch import UBatch
 from ggflow.core.kv_cache import Cells, KVCache
 from ggflow.core.memory import MAX_SEQ, KVInputs, Memory, MemoryBatch, SlidingWindow, Slot
-from ggflow.core.model import HParams
+from ggflow.core.hparams import HParams
 from ggflow.core.tensor import Tensor
 from ggflow.errors import GGFlowError
 

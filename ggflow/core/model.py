@@ -11,7 +11,6 @@ those views: a file that lacks a tensor, or has it misshapen, fails at load with
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from ggflow.core.backend import HostBuffer
 from ggflow.core.gguf_file import GGUFFile
+from ggflow.core.hparams import HParams  # noqa: F401  (re-exported: older architectures import it from here)
 from ggflow.core.metadata import Metadata  # noqa: F401  (re-exported: architectures import it from here)
 from ggflow.core.tensor import Tensor, TensorFlag
 from ggflow.core.weights import load_weights
@@ -26,35 +26,6 @@ from ggflow.errors import GGFlowError, ModelLoadError, UnknownNameError
 
 if TYPE_CHECKING:
     from ggflow.core.arch import Architecture
-
-
-@dataclass
-class HParams:
-    """The hyperparameters every built-in architecture is described by (as llama_hparams is)."""
-    n_vocab: int
-    n_ctx_train: int
-    n_embd: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    n_ff: int
-    n_embd_head_k: int
-    n_embd_head_v: int
-    n_rot: int = 0                   # dims of each head that RoPE rotates (0: no RoPE)
-    rope_type: int = -1              # ops.ROPE_NORMAL / ops.ROPE_NEOX / -1 none
-    rope_freq_base: float = 10000.0
-    rope_freq_scale: float = 1.0
-    norm_eps: float = 1e-5           # LayerNorm
-    norm_rms_eps: float = 1e-5       # RMSNorm
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def n_embd_k_gqa(self) -> int:
-        return self.n_embd_head_k * self.n_head_kv
-
-    @property
-    def n_embd_v_gqa(self) -> int:
-        return self.n_embd_head_v * self.n_head_kv
 
 
 class Model:

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from ggflow.core import ops
 from ggflow.core.backend import Backend
-from ggflow.core.model import HParams
+from ggflow.core.hparams import HParams
 from ggflow.core.tensor import Tensor, TensorFlag
 
 

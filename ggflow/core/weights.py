@@ -16,7 +16,7 @@ from ggflow.errors import ModelLoadError
 from ggflow.plugins.removed import removed_names
 
 if TYPE_CHECKING:
-    from ggflow.core.model import HParams
+    from ggflow.core.hparams import HParams
     from ggflow.core.tensor import Tensor
 
 R = TypeVar("R")
