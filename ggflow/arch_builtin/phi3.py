@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ggflow.core import ops
 from ggflow.core.arch import Architecture
-from ggflow.core.graph_builder import GraphBuilder, Norm
+from ggflow.core.graph_builder import GraphBuilder, Norm, column_rows
 from ggflow.core.hparams import HParams
 from ggflow.core.metadata import Metadata
 from ggflow.core.tensor import Tensor
@@ -55,15 +55,13 @@ class Phi3(Architecture):
 
     def build_graph(self, b: GraphBuilder):
         hp, w = b.hp, b.w
-        n_q, n_kv = hp.n_embd_head_k * hp.n_head, hp.n_embd_k_gqa
         long_context = getattr(b.memory, "size", 0) > hp.extra["n_ctx_orig"]
         factors = w.rope_long if long_context else w.rope_short
         attn_factor = hp.extra["rope_attn_factor"]
         x = b.token_embeddings(w.tok_embd)                                        # [n_embd, n_tokens]
         for il, layer in enumerate(w.layers):
             qkv = b.linear(b.norm(x, layer.attn_norm, None, Norm.RMS), layer.wqkv)  # [q | k | v, n_tokens]
-            q, k, v = (b.split_heads(_rows(qkv, start, n), hd) for start, n, hd in (
-                (0, n_q, hp.n_embd_head_k), (n_q, n_kv, hp.n_embd_head_k), (n_q + n_kv, hp.n_embd_v_gqa, hp.n_embd_head_v)))
+            q, k, v = b.split_qkv(qkv)
             q = b.rope(q, factors, attn_factor=attn_factor)
             k = b.rope(k, factors, attn_factor=attn_factor)
             q = ops.scale(q, 1.0 / math.sqrt(hp.n_embd_head_k))
@@ -72,15 +70,10 @@ class Phi3(Architecture):
                 cur, x = b.select_outputs(cur, x)
             x = ops.add(cur, x)                                                   # residual
             h = b.linear(b.norm(x, layer.ffn_norm, None, Norm.RMS), layer.ffn_up)   # [2 n_ff, n]: gate | up
-            h = ops.mul(ops.silu(_rows(h, 0, hp.n_ff)), _rows(h, hp.n_ff, hp.n_ff))   # SwiGLU over the halves
+            h = ops.mul(ops.silu(column_rows(h, 0, hp.n_ff)), column_rows(h, hp.n_ff, hp.n_ff))   # SwiGLU over the halves
             x = ops.add(x, b.linear(h, layer.ffn_down))                           # residual
         x = b.norm(x, w.output_norm, None, Norm.RMS)
         return b.lm_head(x, w.output or w.tok_embd)                               # [n_vocab, n_outputs]
-
-
-def _rows(x: Tensor, start: int, n: int) -> Tensor:
-    """Elements [start, start + n) of each column of x [m, n_tokens]: a view."""
-    return ops.view(x, (n, x.ne[1]), (x.nb[0], x.nb[1]), start * x.nb[0])
 
 
 @hookimpl

@@ -17,8 +17,9 @@ from ggflow.convert.writer import OUTTYPES, ConvertError, write_gguf
 def converters() -> list[ArchConverter]:
     from ggflow.convert.archs.bert import BertConverter
     from ggflow.convert.archs.decoders import GPT2Converter, LlamaConverter, Qwen2Converter, Qwen3Converter
+    from ggflow.convert.archs.nomic_bert import NomicBertConverter
 
-    return [BertConverter(), LlamaConverter(), Qwen2Converter(), Qwen3Converter(), GPT2Converter()]
+    return [BertConverter(), NomicBertConverter(), LlamaConverter(), Qwen2Converter(), Qwen3Converter(), GPT2Converter()]
 
 
 def supported_architectures() -> list[str]:

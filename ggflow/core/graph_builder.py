@@ -97,6 +97,15 @@ class GraphBuilder:
         return (self.split_heads(q, hp.n_embd_head_k), self.split_heads(k, hp.n_embd_head_k),
                 self.split_heads(v, hp.n_embd_head_v))
 
+    def split_qkv(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """A fused projection [q | k | v, n_tokens] (one attn_qkv weight) as heads, like ``qkv``'s result:
+        q [hd, n_head, n_tokens], k and v [hd, n_head_kv, n_tokens]; each a view of its rows, made whole."""
+        hp = self.hp
+        n_q, n_k = hp.n_embd_head_k * hp.n_head, hp.n_embd_k_gqa
+        return (self.split_heads(column_rows(qkv, 0, n_q), hp.n_embd_head_k),
+                self.split_heads(column_rows(qkv, n_q, n_k), hp.n_embd_head_k),
+                self.split_heads(column_rows(qkv, n_q + n_k, hp.n_embd_v_gqa), hp.n_embd_head_v))
+
     def rope(self, x: Tensor, freq_factors: Tensor | None = None, *, freq_base: float | None = None,
              freq_scale: float | None = None, attn_factor: float = 1.0) -> Tensor:
         """Rotate the first n_rot dims of each head of x [head_dim, n_head, n_tokens] by its position.
@@ -258,5 +267,9 @@ class GraphBuilder:
         self.graph.mark_output(logits)
         return self.graph
 
+
+def column_rows(x: Tensor, start: int, n: int) -> Tensor:
+    """Elements [start, start + n) of each column of x [m, n_tokens]: a view (a fused projection's part)."""
+    return ops.view(x, (n, x.ne[1]), (x.nb[0], x.nb[1]), start * x.nb[0])
 
 __getattr__ = removed_names(__name__)   # a removed name says what replaced it
