@@ -1,4 +1,4 @@
-"""Decode steps with attention as one fused chain (kernels_attention.py) against the three unfused kernels.
+"""Decode steps with attention as one fused chain (ops/attention.py) against the three unfused kernels.
 
 One process, one model, two contexts: the same decode step (``--sequences`` sequences with ``--context``
 cached tokens each, one new token each) with the fused attention and with it declined (the plan's other
@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ggflow.api import default_model_path  # noqa: E402
-from ggflow.backends_builtin.cpu import attention_pages  # noqa: E402
+from ggflow.backends_builtin.cpu.ops import attention_pages  # noqa: E402
 from ggflow.core.batch import Batch  # noqa: E402
 from ggflow.core.context import Context  # noqa: E402
 from ggflow.core.model import Model  # noqa: E402

@@ -4,7 +4,7 @@
 
 Every kernel a type has runs the same product on one thread in one process (medians of --repeats calls),
 and its output is compared with the one-token matvec's, row by row: "=" is bit-identical, "DIFF" a bug.
-Which kernel ``mul_mat`` picks for n tokens is ``_qmm_template.batch_path``.
+Which kernel ``mul_mat`` picks for n tokens is ``qmm.template.batch_path``.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import time
 import numpy as np
 
 import ggflow
-from ggflow.backends_builtin.cpu import _qmm_template as tmpl
-from ggflow.backends_builtin.cpu import quant_matmul as qmm
-from ggflow.backends_builtin.cpu._qmm_amx import amx_available
+from ggflow.backends_builtin.cpu.products.qmm import template as tmpl
+from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
+from ggflow.backends_builtin.cpu.products.qmm.amx import amx_available
 from ggflow.core.types import type_traits
 
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]

@@ -114,7 +114,7 @@ def compare(shim: ctypes.CDLL, w_type: str, rows: int, k: int, threads: int, cop
     import numba
 
     import ggflow
-    from ggflow.backends_builtin.cpu import quant_matmul as qmm
+    from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
 
     numba.set_num_threads(threads)      # ggflow's parallel kernels on as many threads as ggml's pool
     rng = np.random.default_rng(seed)

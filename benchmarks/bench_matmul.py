@@ -1,4 +1,4 @@
-"""Speed of the CPU backend's matmul kernels (ggflow.backends_builtin.cpu.quant_matmul).
+"""Speed of the CPU backend's matmul kernels (ggflow.backends_builtin.cpu.products.quant_matmul).
 
     python benchmarks/bench_matmul.py [--threads 1 2] [--types Q4_0 Q4_K ...] [--quick]
                                       [--no-cold | --cold-only] [--no-batch]
@@ -21,7 +21,7 @@ import numba
 import numpy as np
 
 import ggflow
-from ggflow.backends_builtin.cpu import quant_matmul as qmm
+from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
 
 SHAPES = [(4096, 4096), (11008, 4096)]
 BATCH = 64

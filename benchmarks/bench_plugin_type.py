@@ -70,7 +70,7 @@ def main() -> None:
     args = ap.parse_args()
 
     ensure_type(args.type)
-    from ggflow.backends_builtin.cpu import quant_matmul as qmm
+    from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
     from ggflow.quantize_model import quantize_model
 
     tmp = Path(tempfile.mkdtemp(prefix="ggflow-bench-type-"))

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import ggflow
-from ggflow.backends_builtin.cpu import CPUBackend
+from ggflow.backends_builtin.cpu.backend import CPUBackend
 from ggflow.backends_builtin.vulkan import VulkanBackend, ops_matmul
 from ggflow.core import ops
 from ggflow.core.graph import Graph

@@ -47,9 +47,10 @@ def weight_type(w_type: str) -> None:
     """Every driver of one type's matmul: serial and parallel, each batch path it has (pairs: serial, as
     the tests run it)."""
     import ggflow
-    from ggflow.backends_builtin.cpu import _qmm_template as tmpl, quant_matmul as qmm
-    from ggflow.backends_builtin.cpu._qmm_amx import amx_available
-    from ggflow.backends_builtin.cpu._qmm_quads import quads_are_exact
+    from ggflow.backends_builtin.cpu.products.qmm import template as tmpl
+    from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
+    from ggflow.backends_builtin.cpu.products.qmm.amx import amx_available
+    from ggflow.backends_builtin.cpu.products.qmm.quads import quads_are_exact
     from ggflow.core.types import type_traits
 
     w = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ggflow.backends_builtin.cpu import CPUBackend
+from ggflow.backends_builtin.cpu.backend import CPUBackend
 from ggflow.core import ops
 from ggflow.core.backend import BackendOptions
 from ggflow.core.batch import Batch

@@ -1,17 +1,17 @@
 """The CPU's attention skips the cache pages a token cannot see, with the results it had without skipping.
 
-kernels_fixed_order_matmul ("Pages a token cannot see") leaves out the pages the mask hides from a token:
+products.fixed_order ("Pages a token cannot see") leaves out the pages the mask hides from a token:
 K x Q leaves their scores 0 (the softmax's -inf makes them 0 anyway), V x P their terms (exact zeros).
 Checked here bit for bit against the same kernels with nothing skipped, on the kernels and on a model
-serving several sequences from one cache (attention_pages.py decides which products may skip).
+serving several sequences from one cache (ops/attention_pages.py decides which products may skip).
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ggflow.backends_builtin.cpu import attention_pages
-from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order
+from ggflow.backends_builtin.cpu.ops import attention_pages
+from ggflow.backends_builtin.cpu.products import fixed_order
 from ggflow.core.batch import Batch
 from ggflow.core.context import DECODE_OK
 from tests.test_context import TOKENS, ctx_for, llama  # noqa: F401  (llama: the module's model fixture)
@@ -74,7 +74,7 @@ def _serve(model):
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused attention", "three kernels"])
 def test_a_model_serving_several_sequences_gives_the_same_logits_with_and_without_skipping(llama, monkeypatch, fused):
-    """Skipping by the fused attention kernel (kernels_attention.py) or by the unfused products, against the
+    """Skipping by the fused attention kernel (ops/attention.py) or by the unfused products, against the
     unfused products reading every page."""
     lives = []
     real = fixed_order.pages_live

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ggflow.backends_builtin.cpu import CPUBackend
+from ggflow.backends_builtin.cpu.backend import CPUBackend
 from ggflow.core import ops
 from ggflow.core.backend import Backend, BackendOptions, HostBuffer
 from ggflow.core.backend_registry import make_backends, probed_priority

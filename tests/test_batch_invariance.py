@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ggflow.api import default_model_path
-from ggflow.backends_builtin.cpu import CPUBackend
+from ggflow.backends_builtin.cpu.backend import CPUBackend
 from ggflow.core import ops
 from ggflow.core.backend import HostBuffer
 from ggflow.core.batch import Batch

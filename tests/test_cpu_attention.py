@@ -1,4 +1,4 @@
-"""Attention over the KV cache as one kernel (kernels_attention.py), its expf and soft_max pieces.
+"""Attention over the KV cache as one kernel (ops/attention.py), its expf and soft_max pieces.
 
 The fused kernel must give the unfused nodes' kqv bit for bit (K x Q, soft_max and V x P one by one, with
 their own page skips), for F16 and F32 caches, grouped query heads, tokens that see different pages, a
@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggflow.backends_builtin.cpu import CPUBackend
-from ggflow.backends_builtin.cpu import kernels_attention as attention
-from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order, spare_cores, thread_choice
-from ggflow.backends_builtin.cpu.kernels_softmax import soft_max_kernel, soft_max_rows
+from ggflow.backends_builtin.cpu.backend import CPUBackend
+from ggflow.backends_builtin.cpu.ops import attention
+from ggflow.backends_builtin.cpu import spare_cores, thread_choice
+from ggflow.backends_builtin.cpu.products import fixed_order
+from ggflow.backends_builtin.cpu.ops.softmax import soft_max_kernel, soft_max_rows
 from ggflow.core import ops
 from ggflow.core.backend import BackendOptions
 from ggflow.core.graph import Graph

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggflow.backends_builtin.cpu import CPUBackend
-from ggflow.backends_builtin.cpu import quant_matmul as qmm
+from ggflow.backends_builtin.cpu.backend import CPUBackend
+from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
 from ggflow.backends_builtin.cpu.c_arith import f32_bits_to_f16_bits
-from ggflow.backends_builtin.cpu.kernels_rows import copy_rows_from_f32
+from ggflow.backends_builtin.cpu.ops.rows import copy_rows_from_f32
 from ggflow.core import ops
 from ggflow.core.backend import HostBuffer
 from ggflow.core.graph import Graph
@@ -170,7 +170,7 @@ def test_ropes_over_the_same_positions_share_tables_recomputed_at_every_run():
 @pytest.mark.parametrize("w_type", ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16", "F32"])
 @pytest.mark.parametrize("n, threads", [(1, 1), (3, 1), (1, 2)])
 def test_bound_mul_mat_equals_mul_mat_bit_for_bit(w_type, n, threads):
-    # on two threads (512 x 256: enough for a parallel region) a quantized product's parallel calls run _qmm_groups'
+    # on two threads (512 x 256: enough for a parallel region) a quantized product's parallel calls run qmm.groups'
     # driver as a group of one, its serial ones and mul_mat the template's
     rows, k = (64 if threads == 1 else 512), 256
     w_np = randn(rows, k)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggflow.backends_builtin.cpu import CPUBackend
-from ggflow.backends_builtin.cpu.kernels_matmul import load_quant_matmul
-from ggflow.backends_builtin.cpu.kernels_rope import rope_cache
+from ggflow.backends_builtin.cpu.backend import CPUBackend
+from ggflow.backends_builtin.cpu.products.matmul import load_quant_matmul
+from ggflow.backends_builtin.cpu.ops.rope import rope_cache
 from ggflow.backends_builtin.cpu.threads import PARALLEL_MIN_ELEMENTS
 from ggflow.core import ops
 from ggflow.core.backend import BackendOptions, HostBuffer

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import ggflow
-from ggflow.backends_builtin.cpu import _qmm_act as act
-from ggflow.backends_builtin.cpu import _qmm_template as tmpl
-from ggflow.backends_builtin.cpu import quant_matmul as qmm
-from ggflow.backends_builtin.cpu._qmm_amx import amx_available
-from ggflow.backends_builtin.cpu._qmm_quads import quads_are_exact
+from ggflow.backends_builtin.cpu.products.qmm import act
+from ggflow.backends_builtin.cpu.products.qmm import template as tmpl
+from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
+from ggflow.backends_builtin.cpu.products.qmm.amx import amx_available
+from ggflow.backends_builtin.cpu.products.qmm.quads import quads_are_exact
 from ggflow.core.types import type_traits
 from ggflow.errors import BackendError, ShapeError
 from tests.data_dir import DATA
@@ -415,7 +415,7 @@ def test_activations_of_the_wrong_width_are_refused():
 def test_kernels_are_cached_on_disk():
     """Every driver is @njit(cache=True): a cold compile costs seconds per kernel, a cache load ms."""
     from numba.core.caching import NullCache
-    from ggflow.backends_builtin.cpu import _qmm_float as flt
+    from ggflow.backends_builtin.cpu.products.qmm import floats as flt
     kernels = [tmpl._mul_mat_parallel, tmpl._mul_mat_serial, tmpl._mul_mat_tiles, tmpl._mul_mat_quads_parallel,
                tmpl._mul_mat_quads_serial, tmpl._mul_mat_quads_tiles, tmpl._mul_mat_pairs_parallel,
                tmpl._mul_mat_pairs_serial, tmpl._mul_mat_pairs_tiles, flt._mul_mat_parallel, flt._mul_mat_serial,
@@ -425,7 +425,8 @@ def test_kernels_are_cached_on_disk():
 
 SHARED_BODY = """
 import numpy as np, ggflow
-from ggflow.backends_builtin.cpu import _qmm_template as tmpl, quant_matmul as qmm
+from ggflow.backends_builtin.cpu.products.qmm import template as tmpl
+from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
 w = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
 pw = qmm.pack_weight(ggflow.quantize(w, "Q4_0"), "Q4_0")
 x = np.random.default_rng(1).standard_normal((4, 256)).astype(np.float32)

@@ -1,10 +1,10 @@
-"""The CPU backend's numba row decoders (row_decoders.py) give the type's own to_float, bit for bit."""
+"""The CPU backend's numba row decoders (ops/row_decoders.py) give the type's own to_float, bit for bit."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ggflow.backends_builtin.cpu import row_decoders
+from ggflow.backends_builtin.cpu.ops import row_decoders
 from ggflow.core.quants import quantize
 from ggflow.core.types import type_traits
 

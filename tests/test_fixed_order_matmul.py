@@ -1,4 +1,4 @@
-"""kernels_fixed_order_matmul: the summation order it promises, bit for bit, for every shape of call.
+"""products.fixed_order: the summation order it promises, bit for bit, for every shape of call.
 
 Each output is summed by fma from kk = 0 up. The reference below computes that order in numpy: a float32
 product is exact in float64 and the float64 sum rounded to float32 is the fma's result except in
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order
+from ggflow.backends_builtin.cpu.products import fixed_order
 
 rng = np.random.default_rng(11)
 N_HEAD, N_HEAD_KV = 6, 2

@@ -80,7 +80,7 @@ def test_q8_k_activations_of_an_infinite_row_give_ggmls_infinite_scale_not_a_zer
     # quantize_q8_K raised ZeroDivisionError (numba's Python division) where ggml computes 1 / -0.0 = -inf
     import numpy as np
 
-    from ggflow.backends_builtin.cpu import _qmm_act as act
+    from ggflow.backends_builtin.cpu.products.qmm import act
 
     x = np.zeros((2, 256), np.float32)
     x[0, 3], x[1, :] = np.inf, 1.0

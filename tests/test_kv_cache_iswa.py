@@ -230,7 +230,7 @@ def test_a_saved_sequence_loads_back_and_continues_the_same(path):
 
 def test_an_iswa_cache_needs_a_local_layer(path):
     model = Model.load(path)
-    from ggflow.backends_builtin.cpu import CPUBackend
+    from ggflow.backends_builtin.cpu.backend import CPUBackend
     from ggflow.core.backend import BackendOptions
     with pytest.raises(GGFlowError, match="at least one sliding-window layer"):
         IswaCache(model.hparams, 64, CPUBackend(BackendOptions(n_threads=1)), "F32", "F32",

@@ -42,7 +42,7 @@ def test_an_exception_mid_batch_rolls_back_every_ubatch_the_batch_applied(llama,
 
 @pytest.fixture
 def cache(llama):
-    from ggflow.backends_builtin.cpu import CPUBackend
+    from ggflow.backends_builtin.cpu.backend import CPUBackend
     from ggflow.core.backend import BackendOptions
     return KVCache(llama.hparams, 16, CPUBackend(BackendOptions(n_threads=1)), "F32", "F32")
 
@@ -174,8 +174,8 @@ def _place(cache, batch):
 
 def test_sequences_decoding_side_by_side_keep_their_cells_in_pages_of_their_own(llama):
     """Each sequence's cells in CELL_PAGE pages of its own, in position order, where there is room (the CPU's
-    attention skips the pages a token does not see, kernels_fixed_order_matmul)."""
-    from ggflow.backends_builtin.cpu import CPUBackend
+    attention skips the pages a token does not see, products.fixed_order)."""
+    from ggflow.backends_builtin.cpu.backend import CPUBackend
     from ggflow.core.backend import BackendOptions
     from ggflow.core.memory import CELL_PAGE
     cache = KVCache(llama.hparams, 6 * CELL_PAGE, CPUBackend(BackendOptions(n_threads=1)), "F32", "F32")
@@ -193,7 +193,7 @@ def test_sequences_decoding_side_by_side_keep_their_cells_in_pages_of_their_own(
 
 
 def test_without_a_whole_free_page_a_sequence_takes_the_free_cells_after_its_own(llama):
-    from ggflow.backends_builtin.cpu import CPUBackend
+    from ggflow.backends_builtin.cpu.backend import CPUBackend
     from ggflow.core.backend import BackendOptions
     from ggflow.core.memory import CELL_PAGE
     cache = KVCache(llama.hparams, 2 * CELL_PAGE, CPUBackend(BackendOptions(n_threads=1)), "F32", "F32")
@@ -219,7 +219,7 @@ def test_a_cache_of_part_of_a_page_holds_its_size_in_a_whole_page_that_the_mask_
 
 
 def test_a_context_of_part_of_a_page_attends_with_the_fused_kernel(llama, monkeypatch):
-    from ggflow.backends_builtin.cpu import kernels_attention
+    from ggflow.backends_builtin.cpu.ops import attention as kernels_attention
     bound = []
     bind = kernels_attention.bind_attention
     monkeypatch.setattr(kernels_attention, "bind_attention", lambda *a, **kw: bound.append(bind(*a, **kw)) or bound[-1])

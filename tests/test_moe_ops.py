@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggflow.backends_builtin.cpu import quant_matmul
-from ggflow.backends_builtin.cpu.kernels_matmul import vec_dot_rounding
+from ggflow.backends_builtin.cpu.products import quant_matmul
+from ggflow.backends_builtin.cpu.products.matmul import vec_dot_rounding
 from ggflow.core import ops
 from ggflow.core.quants import dequantize, quantize
 from ggflow.core.types import type_traits
@@ -186,8 +186,8 @@ def test_soft_max_sinks_refuses_a_sink_count_other_than_the_heads():
 
 
 def test_mul_mat_id_without_the_packed_kernels_decodes_the_chosen_experts():
-    from ggflow.backends_builtin.cpu import CPUBackend
-    from ggflow.backends_builtin.cpu.kernels_matmul import PackedWeights
+    from ggflow.backends_builtin.cpu.backend import CPUBackend
+    from ggflow.backends_builtin.cpu.products.matmul import PackedWeights
     n_expert, n_used, m, k, n_tokens = 5, 2, 24, 64, 6
     as_, w = expert_weights("Q8_0", n_expert, m, k)
     x, ids = randn(n_tokens, 1, k), routed(n_tokens, n_used, n_expert)

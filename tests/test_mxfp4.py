@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ggflow
-from ggflow.backends_builtin.cpu import quant_matmul
+from ggflow.backends_builtin.cpu.products import quant_matmul
 from ggflow.core.types import type_traits
 from ggflow.errors import QuantizationError
 

@@ -104,3 +104,11 @@ def test_the_docs_list_every_graph_op_and_every_graph_builder_block():
     blocks = {name for name, _ in inspect.getmembers(GraphBuilder) if not name.startswith("_")}
     documented = set(re.findall(r"^\| `(\w+)[(`]", doc, re.M))
     assert blocks <= documented, f"GraphBuilder blocks missing from docs/plugins.md: {sorted(blocks - documented)}"
+
+
+def test_the_moved_cpu_pieces_module_says_where_it_went():
+    import sys
+    sys.modules.pop("ggflow.backends_builtin.cpu.qmm_pieces", None)
+    with pytest.raises(RemovedNameError, match="ggflow.plugins.cpu_pieces"):
+        from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces  # noqa: F401
+    from ggflow.plugins.cpu_pieces import BlockPieces, tile_rows  # noqa: F401  (the contract's home)

@@ -20,9 +20,9 @@ import pytest
 from gguf.quants import dequantize as gguf_dequantize
 
 import ggflow
-from ggflow.backends_builtin.cpu import _qmm_template as tmpl
-from ggflow.backends_builtin.cpu import quant_matmul as qmm
-from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
+from ggflow.backends_builtin.cpu.products.qmm import template as tmpl
+from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
+from ggflow.plugins.cpu_pieces import BlockPieces
 from ggflow.core.types import TypeTraits, type_traits
 from ggflow.errors import BackendError
 from ggflow.plugins import hookimpl
@@ -142,7 +142,7 @@ def test_iq4_nl_parallel_and_serial_kernels_agree(iq4_nl):
 
 
 def test_prefetching_ahead_leaves_the_results_bit_for_bit(iq4_nl, register_type):
-    """prefetch_bytes only asks for memory early (_qmm_prefetch): the same pieces with it give the same bits,
+    """prefetch_bytes only asks for memory early (qmm.prefetch): the same pieces with it give the same bits,
     near the end of the weight too, where the blocks ahead are past its arrays and nothing is asked for."""
     pieces = dataclasses.replace(iq4_nl.kernels["cpu"], prefetch_bytes=300)
     traits = register_type(dataclasses.replace(iq4_nl, name="IQ4_PREFETCH", type_id=9203, kernels={"cpu": pieces}))
@@ -244,7 +244,7 @@ def test_editing_a_pieces_file_changes_its_kernel_key(tmp_path, monkeypatch):
 
 
 def test_editing_a_module_the_skeleton_compiles_in_changes_every_kernel_key(tmp_path, monkeypatch):
-    """The skeleton inlines helpers from other modules (_qmm_prefetch's intrinsic, the quads' and pairs' sums):
+    """The skeleton inlines helpers from other modules (qmm.prefetch's intrinsic, the quads' and pairs' sums):
     an edit there must not leave kernels compiled with the old helper in numba's cache."""
     helper = tmp_path / "skeleton_helper.py"
     helper.write_text("X = 1\n")
@@ -267,7 +267,8 @@ def test_skeleton_kernels_load_from_numbas_cache_in_a_new_process():
         from ggflow.plugins.manager import get_plugin_manager
         from ggflow_example_plugin import plugin
         get_plugin_manager().register(plugin, "example")
-        from ggflow.backends_builtin.cpu import _qmm_template as tmpl, quant_matmul as qmm
+        from ggflow.backends_builtin.cpu.products.qmm import template as tmpl
+        from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
         w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
         for t in ("Q4_0", "IQ4_NL"):   # a small product: each type's serial driver
             qmm.mul_mat(qmm.pack_weight(ggflow.quantize(w, t), t), w[:1], np.empty((1, 64), np.float32))

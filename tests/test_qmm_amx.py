@@ -1,4 +1,4 @@
-"""Products on AMX tiles (_qmm_amx, the skeleton's "amx" path): the group sums against numpy, every product bit
+"""Products on AMX tiles (qmm.amx, the skeleton's "amx" path): the group sums against numpy, every product bit
 for bit against the matvec's, and the path taken only where it may run. The tile tests need a CPU with AMX-INT8
 whose kernel grants the tile state; elsewhere they skip, saying so."""
 from __future__ import annotations
@@ -8,7 +8,9 @@ import pytest
 from numba import njit
 
 import ggflow
-from ggflow.backends_builtin.cpu import _qmm_amx, _qmm_template as tmpl, quant_matmul as qmm
+from ggflow.backends_builtin.cpu.products.qmm import amx as _qmm_amx
+from ggflow.backends_builtin.cpu.products.qmm import template as tmpl
+from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
 from ggflow.core.types import type_traits
 
 HAVE_AMX = _qmm_amx.amx_available()

@@ -1,9 +1,9 @@
-"""The int16-pair multiply-accumulate of the batched matmul (_qmm_pairs.pair_sums) against numpy."""
+"""The int16-pair multiply-accumulate of the batched matmul (qmm.pairs.pair_sums) against numpy."""
 import numpy as np
 import pytest
 from numba import njit
 
-from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums
+from ggflow.backends_builtin.cpu.products.qmm.pairs import pair_sums
 
 ROWS = 64
 

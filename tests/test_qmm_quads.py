@@ -1,13 +1,14 @@
-"""The byte-quad batched matmul: _qmm_quads.quad_sums against numpy, and each type's decode_quads
+"""The byte-quad batched matmul: qmm.quads.quad_sums against numpy, and each type's decode_quads
 against its decode (the same values plus the type's quad_bias, four elements of a row to a 32-bit lane)."""
 import numpy as np
 import pytest
 from numba import njit
 
 import ggflow
-from ggflow.backends_builtin.cpu import _qmm_template as tmpl, quant_matmul as qmm
-from ggflow.backends_builtin.cpu._qmm_quads import quad_sums, quads_add_in_int32, quads_are_exact, word_quad_sums
-from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
+from ggflow.backends_builtin.cpu.products.qmm import template as tmpl
+from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
+from ggflow.backends_builtin.cpu.products.qmm.quads import quad_sums, quads_add_in_int32, quads_are_exact, word_quad_sums
+from ggflow.plugins.cpu_pieces import BlockPieces
 from ggflow.core.types import type_traits
 
 ROWS = 64

@@ -40,7 +40,7 @@ def test_a_spin_setting_of_the_users_is_kept(no_wait_variables, name):
 
 def test_importing_ggflow_sets_it_before_numba_loads_its_openmp_runtime():
     # libgomp reads its wait variables once, when loaded: the setting only counts if it comes first.
-    code = ("import os, sys, ggflow; import ggflow.backends_builtin.cpu.quant_matmul; "
+    code = ("import os, sys, ggflow; import ggflow.backends_builtin.cpu.products.quant_matmul; "
             "print(os.environ.get('GOMP_SPINCOUNT'), 'numba.np.ufunc.omppool' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k not in _numba_setup.OPENMP_WAIT_VARIABLES}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

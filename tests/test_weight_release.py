@@ -60,7 +60,7 @@ def test_weights_packed_into_a_copy_give_their_file_pages_back():
 def test_a_weight_gives_its_rows_pages_back_as_they_are_packed(monkeypatch):
     """The pages of a weight's rows go as each run of rows is packed, not when the whole weight is: a weight
     is never resident in the file and in its packed copy at once (beyond a run)."""
-    from ggflow.backends_builtin.cpu import quant_matmul as qmm
+    from ggflow.backends_builtin.cpu.products import quant_matmul as qmm
     model = loaded("tiny-llama-hs-q4_k_m")
     name = max(matrices(model), key=lambda n: model.weights[n].nbytes)
     weight = model.weights[name]
@@ -109,7 +109,7 @@ def test_the_logits_do_not_change_when_the_pages_are_released(monkeypatch):
     model = loaded(name)
     released, embd_resident = run(model)
     assert embd_resident <= 2 * PAGE
-    # get_rows read its rows with pread (file_rows.py): the released pages were not mapped again
+    # get_rows read its rows with pread (ops/file_rows.py): the released pages were not mapped again
     embd = model.weights["token_embd.weight"]
     assert model.file.resident_bytes(embd.offset, embd.nbytes) <= 2 * PAGE
     monkeypatch.setattr(GGUFFile, "release", lambda self, offset, nbytes: 0)
@@ -156,7 +156,7 @@ def test_bench_reports_how_little_of_the_file_stays_mapped(capsys):
 
 
 def test_rows_read_from_the_file_match_the_mapped_bytes_and_a_short_file_is_an_error(tmp_path):
-    from ggflow.backends_builtin.cpu.file_rows import pread_rows
+    from ggflow.backends_builtin.cpu.ops.file_rows import pread_rows
 
     file = GGUFFile(SHARED / "tiny-llama-hs-q8_0.gguf")
     info = next(t for t in file.tensors if t.name == "token_embd.weight")

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from ggflow.backends_builtin.cpu import CPUBackend
+from ggflow.backends_builtin.cpu.backend import CPUBackend
 from ggflow.backends_builtin.vulkan import VulkanBackend
 from ggflow.core.backend import HostBuffer
 from ggflow.core.graph import Graph

@@ -89,7 +89,7 @@ class GGUFFile:
         try:
             with open(self.path, "rb") as f:
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
-            # Kept open for pread: rows read from it map no pages (backends_builtin/cpu/file_rows.py).
+            # Kept open for pread: rows read from it map no pages (backends_builtin/cpu/ops/file_rows.py).
             self.fileno = os.open(self.path, os.O_RDONLY)
             weakref.finalize(self, os.close, self.fileno)
             self._parse(keep, tensors)

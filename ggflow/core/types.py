@@ -29,7 +29,7 @@ class TypeTraits:
     block_dtype: np.dtype | None = None  # numpy structured dtype describing one block's layout
     numpy_dtype: np.dtype | None = None  # plain element dtype for unblocked float types (F32, F16)
     # What a backend needs to run this type fast, by backend name: "cpu" takes a
-    # ggflow.backends_builtin.cpu.qmm_pieces.BlockPieces. Opaque to the core; a backend with no entry
+    # ggflow.plugins.cpu_pieces.BlockPieces. Opaque to the core; a backend with no entry
     # for a type still runs it (the CPU converts such a weight once to F16).
     kernels: Mapping[str, Any] = field(default_factory=dict, compare=False)
 

@@ -3,7 +3,7 @@
 compile() binds each node's kernel to numpy views of its sources and destination once, so running the
 plan again (every decode step of a reused graph) costs one Python call per node, fewer where a chain of
 nodes runs as one fused kernel (fusion.py) or products of one activation run as one (a layer's q, k and v:
-kernels_matmul.bind_product_group). A plan runs with numpy's overflow and invalid warnings off:
+products.matmul.bind_product_group). A plan runs with numpy's overflow and invalid warnings off:
 kernels compute what ggml computes (an exp that overflows to inf, a row masked everywhere to NaN), and
 one setting per run costs less than one per kernel. Kernels are imported on first compile, so
 registering the backend (``ggflow plugins``) does not load numba.
@@ -82,7 +82,7 @@ class CPUBackend(Backend):
     @property
     def packed_weights(self):
         if self._weights is None:
-            from ggflow.backends_builtin.cpu.kernels_matmul import PackedWeights, load_quant_matmul
+            from ggflow.backends_builtin.cpu.products.matmul import PackedWeights, load_quant_matmul
             self._weights = PackedWeights(load_quant_matmul())
         return self._weights
 
@@ -102,14 +102,14 @@ class CPUBackend(Backend):
     def compile(self, nodes: Sequence[Tensor], substitutes: Mapping[Tensor, Tensor] | None = None) -> CPUPlan:
         from ggflow.backends_builtin.cpu.arrays import TensorArrays
         arrays = TensorArrays(substitutes)
-        from ggflow.backends_builtin.cpu.attention_pages import attention_chains, masked_products
+        from ggflow.backends_builtin.cpu.ops.attention_pages import attention_chains, masked_products
         written = {n.view_src.base() for n in nodes if n.op in IN_PLACE and n.view_src is not None}
         binders = {**_kernel_binders(), Op.MUL_MAT: partial(_mul_mat_binder(), weights=self.packed_weights,
                                                               n_threads=self.n_threads,
                                                               masked=masked_products(nodes), written=written),
                    Op.MUL_MAT_ID: partial(_mul_mat_id_binder(), weights=self.packed_weights, n_threads=self.n_threads)}
         from ggflow.backends_builtin.cpu.fusion import bind_fused
-        from ggflow.backends_builtin.cpu.kernels_matmul import bind_product_group
+        from ggflow.backends_builtin.cpu.products.matmul import bind_product_group
         steps = [n for n in nodes if n.op not in PURE_VIEWS and n.nelements != 0]   # views compute nothing
         attention = attention_chains(nodes) if self.fuse else {}
         kernels, i = [], 0
@@ -136,8 +136,12 @@ class CPUBackend(Backend):
 
 
 def _kernel_binders() -> dict[Op, Binder]:
-    from ggflow.backends_builtin.cpu import (
-        kernels_rows, kernels_elementwise, kernels_norm, kernels_rope, kernels_routing, kernels_softmax)
+    from ggflow.backends_builtin.cpu.ops import rows as kernels_rows
+    from ggflow.backends_builtin.cpu.ops import elementwise as kernels_elementwise
+    from ggflow.backends_builtin.cpu.ops import norm as kernels_norm
+    from ggflow.backends_builtin.cpu.ops import rope as kernels_rope
+    from ggflow.backends_builtin.cpu.ops import routing as kernels_routing
+    from ggflow.backends_builtin.cpu.ops import softmax as kernels_softmax
     return {
         Op.ADD: kernels_elementwise.bind_add,
         Op.MUL: kernels_elementwise.bind_mul,
@@ -169,15 +173,15 @@ def _reference_binder(op: str) -> Binder | None:
     spec = plugin_op(op)
     if spec is None:
         return None
-    from ggflow.backends_builtin.cpu.kernels_reference import bind_reference
+    from ggflow.backends_builtin.cpu.ops.reference import bind_reference
     return partial(bind_reference, spec=spec)
 
 
 def _mul_mat_binder() -> Binder:
-    from ggflow.backends_builtin.cpu.kernels_matmul import bind_mul_mat
+    from ggflow.backends_builtin.cpu.products.matmul import bind_mul_mat
     return bind_mul_mat
 
 
 def _mul_mat_id_binder() -> Binder:
-    from ggflow.backends_builtin.cpu.kernels_mul_mat_id import bind_mul_mat_id
+    from ggflow.backends_builtin.cpu.products.mul_mat_id import bind_mul_mat_id
     return bind_mul_mat_id

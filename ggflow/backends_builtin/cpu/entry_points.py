@@ -5,7 +5,7 @@ compiled version that takes them: 0.25 us of a 0.53 us call with four arrays, 0.
 arguments (docs/performance.md, "Per-step overhead"). A compiled plan calls each kernel with the same
 arrays at every run, so the types are known when the plan is bound: ``bind`` looks the compiled version up
 once (compiling it, or loading it from numba's cache, as the first call would have) and the plan calls it
-directly, as the quantized products' drivers have long been called (``_qmm_template.entry_point``).
+directly, as the quantized products' drivers have long been called (``qmm.template.entry_point``).
 
 The entry point converts its arguments by the types it was compiled for and checks nothing else, so it
 is only ever called with the arguments it was looked up for (``bind`` holds them), or with arrays of the

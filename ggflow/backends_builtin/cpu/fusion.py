@@ -13,7 +13,7 @@ Chains (``steps`` are the plan's computing nodes, views left out):
   rms_norm -> mul(., w)                  than threads.PARALLEL_MIN_ELEMENTS (a decode step's)
   silu(g) -> mul(u, .) or mul(., u)      all F32, contiguous, one shape (a gated FFN; numpy's exp stays)
   mul_mat(K, q) -> soft_max(., mask) -> mul_mat(V, .) [-> cont(permute(., 0, 2, 1, 3))]
-                                         attention over the KV cache (kernels_attention.py): the one chain
+                                         attention over the KV cache (ops/attention.py): the one chain
                                          that writes only its last node, taken where nothing else reads
                                          the others (attention_pages.attention_chains)
 """
@@ -23,7 +23,10 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ggflow.backends_builtin.cpu import entry_points, kernels_attention, kernels_elementwise, kernels_norm
+from ggflow.backends_builtin.cpu import entry_points
+from ggflow.backends_builtin.cpu.ops import attention as kernels_attention
+from ggflow.backends_builtin.cpu.ops import elementwise as kernels_elementwise
+from ggflow.backends_builtin.cpu.ops import norm as kernels_norm
 from ggflow.backends_builtin.cpu.arrays import TensorArrays
 from ggflow.backends_builtin.cpu.threads import PARALLEL_MIN_ELEMENTS
 from ggflow.core.ops import Op

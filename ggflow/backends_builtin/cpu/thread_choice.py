@@ -11,11 +11,9 @@ not taken for a change of load; and when the way in use has become slower than t
 the other is probed at once.
 
 The way changes only through a probe that beats the way in use now: both its smoothed time and its last
-call, the one right before the probe. This host's memory rate moves by a third within seconds (other
-tenants), and a one-token product streams its weight from memory, so its time moves with it: a probe run
-in a fast moment beat a running time gathered in a slow one, and a stale time of the other way looked
-faster than the way in use in a slow one. Compared that way, 4-6% of a TinyLlama decode's big products ran
-serially on a quiet machine, each 1.5x slower (decode 3-6% slower than with every product parallel).
+call, the one right before the probe. A shared host's memory rate moves within seconds, and a one-token
+product's time moves with it, so a probe is compared with the call beside it rather than with an average
+gathered in other conditions (docs/performance.md, "Threads").
 Results do not depend on the choice: every kernel computes each output row the same way on any thread.
 """
 from __future__ import annotations

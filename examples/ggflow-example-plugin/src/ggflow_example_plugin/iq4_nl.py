@@ -7,7 +7,7 @@ Format (ggml's block_iq4_nl, 32 weights in 18 bytes): an f16 scale d, then 16 by
 into a fixed non-linear table (element j in the low nibble of byte j, element j + 16 in the high one);
 weight = d * KVALUES[index]. Dot products quantize the activations to Q8_0, as ggml does.
 
-The CPU pieces (see ggflow.backends_builtin.cpu.qmm_pieces) look the table up once, when the weight
+The CPU pieces (see ggflow.plugins.cpu_pieces) look the table up once, when the weight
 is packed, and keep int8 values in row tiles: 36 bytes per 32 weights in memory, twice the file's 18.
 Looking the nibbles up inside the kernel's loop instead keeps LLVM from vectorising it (a gather per
 weight: a matvec measured 20x slower than Q4_0's). A table value times an int8 activation is up to
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ggflow.backends_builtin.cpu.qmm_pieces import TILE, BlockPieces, f16_field, sext8, tile_rows
+from ggflow.plugins.cpu_pieces import TILE, BlockPieces, f16_field, sext8, tile_rows
 from ggflow.core.types import TypeTraits
 
 QK = 32

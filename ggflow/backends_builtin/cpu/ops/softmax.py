@@ -11,7 +11,7 @@ own vector expf in its place, about an ulp away on half the elements, moved a te
 after (sum, 1/sum, scale). The sum is in float64 in a fixed order that depends on each element's index
 only: element c goes to lane c % LANES, the lanes are added in a fixed tree at the end. So a run of
 elements that are exactly 0 (masked cells) changes nothing wherever it lies, and the fused attention
-(kernels_attention.py), which skips whole pages of them, gives these bits. ggml sums each vector of exps
+(ops/attention.py), which skips whole pages of them, gives these bits. ggml sums each vector of exps
 in float before adding it to its double: another order, about an ulp away.
 """
 from __future__ import annotations

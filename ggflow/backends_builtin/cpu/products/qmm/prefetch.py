@@ -7,8 +7,8 @@ prefetcher stops at each 4 KiB page. ``prefetch_slice`` asks for the cache lines
 (in row-major (tile, block) order, so the blocks after a tile's last are the next tile's first), which
 keeps more misses in flight than the prefetchers alone do. Types with small blocks (Q4_0: 1 KiB a tile)
 ask for a whole block 8 KiB ahead once per block (``BlockPieces.prefetch_bytes``, in the skeleton); the
-K-quants (9-13 KiB a tile) ask for the next block a quarter at a time from inside their block sums, as one
-burst of 150-200 requests per block lost (Q6_K 12.5 -> 9 GB/s) where the quarters gained (12.5 -> 17).
+K-quants (9-13 KiB a tile) ask for the next block a quarter at a time from inside their block sums: one
+burst of 150-200 requests a block stalls the core where quarters keep the stream going.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Rows of the legacy quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) decoded to float32 in one numba call.
 
-A decode step reads one row of the token embedding (get_rows). Decoded by the type's ``to_float`` (numpy: a
-structured view of the blocks, the nibbles unpacked, the scales converted, ~10 calls), SmolLM2's Q8_0 row took
-48 us in a step, where the lm_head's 16 MiB stream had just left the interpreter's code and data out of cache
-(6 us in a loop of its own): 0.7% of a decode step, 4-5% of ``bench_overhead.py``'s 64-wide one. Here one call.
+A decode step reads one row of the token embedding (get_rows). The type's ``to_float`` takes some ten numpy
+calls for it, each slow right after the lm_head's stream has left the interpreter out of cache; here it is one
+numba call (docs/performance.md, "Per-step overhead").
 
 The values are the ones ``to_float`` gives, bit for bit (tests/test_cpu_rows.py): ggml's blocks, the scale an
 IEEE half read exactly, ``q * d`` then ``+ m`` in float32, two roundings (q * d is exact: at most 16 significant
@@ -17,7 +16,7 @@ import numpy as np
 from numba import njit
 
 from ggflow.backends_builtin.cpu import entry_points
-from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
+from ggflow.backends_builtin.cpu.products.qmm.floats import f16_bits_to_f32
 from ggflow.core.types import TypeTraits
 
 F32 = np.float32

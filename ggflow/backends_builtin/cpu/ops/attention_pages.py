@@ -2,7 +2,7 @@
 
 ggml's attention over the KV cache is three nodes: kq = mul_mat(K, q), p = soft_max(kq, mask, scale),
 kqv = mul_mat(V, p). With a cache shared by several sequences most of K's and V's cells are masked for
-each token, and the fixed-order kernel can leave pages of them out (kernels_fixed_order_matmul, "Pages a
+each token, and the fixed-order kernel can leave pages of them out (products.fixed_order, "Pages a
 token cannot see"), given what the mask says. That is safe for V x P whenever p is the softmax itself
 (the skipped probabilities are exact zeros). For K x Q it changes kq at the masked cells (0 there), which
 is safe only where nothing but that softmax reads kq: no other node of the plan, not an output. (A node of
@@ -10,7 +10,7 @@ another split cannot be seen from here; in the graphs GraphBuilder.attention mak
 reader.)
 
 Where nothing but the chain reads kq and the softmax at all, the three nodes (and the cont that puts kqv's
-heads in token order) run as one kernel (kernels_attention.py, through fusion.py): ``attention_chains``
+heads in token order) run as one kernel (ops/attention.py, through fusion.py): ``attention_chains``
 finds them.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from ggflow.backends_builtin.cpu.kernels_fixed_order_matmul import SKIP_COLUMNS, SKIP_DEPTH
+from ggflow.backends_builtin.cpu.products.fixed_order import SKIP_COLUMNS, SKIP_DEPTH
 from ggflow.core.ops import Op
 from ggflow.core.tensor import Tensor, TensorFlag
 

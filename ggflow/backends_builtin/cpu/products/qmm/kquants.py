@@ -1,13 +1,13 @@
 """Matmul pieces of the 256-element super-block types Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (activations Q8_K).
 
-Same scheme as ``_qmm_legacy``: row-tiled layout, an int16-only loop that forms sums of products
+Same scheme as ``qmm.legacy``: row-tiled layout, an int16-only loop that forms sums of products
 over groups small enough for int16, then a loop that applies the integer sub-block scales in int32
 and the super-block scales in f32. The integers are ggml's; where ggml's quant is signed through an
 offset (Q3_K's -4) the offset comes out through the Q8_K ``bsums`` (sums of 16 activations).
 
 Packing keeps the quant bytes (as uint16 words, two bytes of a row per lane; Q3_K-Q6_K as 32-bit
 words, four bytes of a row per lane, which their products of up to 64 tokens read as byte quads in place:
-``block_quads``, ``_qmm_quads.word_quad_sums``) and unpacks the 6-bit
+``block_quads``, ``qmm.quads.word_quad_sums``) and unpacks the 6-bit
 scale/min fields into one byte each, and the f16 super-block scales into f32 (memory: Q3_K +38
 bytes per 110, its quants being repacked as nibbles (see _q3_as_nibbles); Q4_K/Q5_K +4+4 per
 144/176, Q2_K +4 per 84, Q6_K +2 per 210).
@@ -16,9 +16,9 @@ Group sizes (products that fit int16, activations |x| <= 127):
   Q2_K quant 0..3: 16 (one scale group)   Q3_K 0..7 (repacked as nibbles): 16
   Q4_K 0..15: 16   Q5_K 0..31: 8           Q6_K -32..31 (signed): 8
 
-Helpers are inlined into the skeleton (``_qmm_template``, numba IR inlining): compiled on their own, LLVM keeps
+Helpers are inlined into the skeleton (``qmm.template``, numba IR inlining): compiled on their own, LLVM keeps
 their j loops rolled and does not vectorize the row loops. Bit fields go through the 16-bit
-intrinsics of ``_qmm_int16``; Q5_K and Q6_K call their helpers with literal chunk numbers, which let
+intrinsics of ``qmm.int16``; Q5_K and Q6_K call their helpers with literal chunk numbers, which let
 LLVM fold the shifts (4-14% faster than loops, at some compile time).
 """
 from __future__ import annotations
@@ -26,22 +26,22 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, half_word, word_pair
-from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
-from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_slice
-from ggflow.backends_builtin.cpu._qmm_layout import check_tile, f16_bits, f16_field, tile_rows
-from ggflow.backends_builtin.cpu._qmm_quads import quads_add_in_int32, word_quad_sums
-from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
+from ggflow.backends_builtin.cpu.products.qmm.int16 import bit_to, field, half_word, word_pair
+from ggflow.backends_builtin.cpu.products.qmm.floats import f16_bits_to_f32
+from ggflow.backends_builtin.cpu.products.qmm.prefetch import prefetch_slice
+from ggflow.backends_builtin.cpu.products.qmm.layout import check_tile, f16_bits, f16_field, tile_rows
+from ggflow.backends_builtin.cpu.products.qmm.quads import quads_add_in_int32, word_quad_sums
+from ggflow.plugins.cpu_pieces import BlockPieces
 
 F32 = np.float32
 I16 = np.int16
 I32 = np.int32
 U32 = np.uint32
-R = 64     # rows per tile, a compile-time constant of every piece here (see _qmm_layout.TILE)
+R = 64     # rows per tile, a compile-time constant of every piece here (see qmm.layout.TILE)
 check_tile(R, __name__)
 QK = 256
 # prefetch_slice's ahead_bytes for the block after the current one: any distance up to a block's bytes asks
-# for the next block, and the block sums ask for it a quarter at a time (_qmm_prefetch)
+# for the next block, and the block sums ask for it a quarter at a time (qmm.prefetch)
 NEXT_BLOCK = 1
 
 
@@ -414,7 +414,7 @@ def _decode_q6_k(w, t, b, wd):
 
 
 # ----------------------------------------------------------------------------- byte-quad decoding
-# Quad j: elements 4j .. 4j+3 of a row as the bytes of one int32 lane (see qmm_pieces). Word pair 2p, 2p+1
+# Quad j: elements 4j .. 4j+3 of a row as the bytes of one int32 lane (see cpu_pieces). Word pair 2p, 2p+1
 # holds four consecutive quant bytes of a row: the elements _decode_* gives words 2p and 2p+1, in order.
 
 @njit(cache=True, inline="always")

@@ -15,10 +15,11 @@ from typing import Callable
 import numpy as np
 from numba import njit
 
-from ggflow.backends_builtin.cpu import entry_points, row_decoders
+from ggflow.backends_builtin.cpu import entry_points
+from ggflow.backends_builtin.cpu.ops import row_decoders
 from ggflow.backends_builtin.cpu.arrays import TensorArrays, from_f32, is_native_float, store, to_f32
 from ggflow.backends_builtin.cpu.c_arith import f32_bits_to_f16_bits
-from ggflow.backends_builtin.cpu.file_rows import pread_rows
+from ggflow.backends_builtin.cpu.ops.file_rows import pread_rows
 from ggflow.core.tensor import Tensor
 from ggflow.errors import BackendError
 
@@ -74,7 +75,7 @@ def bind_get_rows(node: Tensor, arrays: TensorArrays) -> Kernel:
 
 
 def _file_backed_matrix(a: Tensor, a_view: np.ndarray) -> bool:
-    """Whether a is a 2-D matrix whose rows can be read from its file with pread (file_rows.py): its buffer
+    """Whether a is a 2-D matrix whose rows can be read from its file with pread (ops/file_rows.py): its buffer
     maps a file it has a descriptor of, and the plan reads it there (not from a copy on this backend)."""
     buffer = a.buffer
     return (HAVE_PREAD and getattr(buffer, "fileno", None) is not None and a.ne[2] == 1 and a.ne[3] == 1
@@ -89,7 +90,7 @@ def _bind_get_file_rows(node: Tensor, a: Tensor, a_view: np.ndarray, ids_view: n
 
     read = entry_points.bind(pread_rows, fileno, a.offset, row_bytes, ids_view, raw)
     in_range = entry_points.bind(rows_in_range, ids_view, n_rows)
-    # a legacy quantized row decoded in one numba call (row_decoders.py), else through the type's to_float
+    # a legacy quantized row decoded in one numba call (ops/row_decoders.py), else through the type's to_float
     decode = (row_decoders.bind_decoder(a.type, raw, out.reshape(-1, out.shape[-1]))
               if node.type.name == "F32" and out.flags.c_contiguous else None)
 

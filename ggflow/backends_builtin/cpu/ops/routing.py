@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from ggflow.backends_builtin.cpu.arrays import F32, F32Target, TensorArrays, store, to_f32
-from ggflow.backends_builtin.cpu.kernels_elementwise import _bind_binary, _bind_unary
+from ggflow.backends_builtin.cpu.ops.elementwise import _bind_binary, _bind_unary
 from ggflow.core.ops import SORT_DESC
 from ggflow.core.tensor import Tensor
 
@@ -87,7 +87,7 @@ def bind_add_id(node: Tensor, arrays: TensorArrays) -> Kernel:
 
 def bind_soft_max_sinks(node: Tensor, arrays: TensorArrays) -> Kernel:
     """ggml's soft_max with sinks: w = x*scale + mask; m = max(max(w), sink); y = exp(w - m) / (sum + exp(sink
-    - m)), the sum in float64 (one value of y per row rounded once, as kernels_softmax.soft_max_rows)."""
+    - m)), the sum in float64 (one value of y per row rounded once, as ops.softmax.soft_max_rows)."""
     a, *rest = node.src
     mask, sinks = (rest[0], rest[1]) if len(rest) == 2 else (None, rest[0])
     scale = np.float32(node.op_params[0])

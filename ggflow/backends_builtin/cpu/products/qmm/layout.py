@@ -19,7 +19,7 @@ TILE = 64
 
 def check_tile(module_tile: int, module: str) -> None:
     if module_tile != TILE:
-        raise ImportError(f"{module} is compiled for {module_tile}-row tiles but _qmm_layout.TILE is {TILE}: "
+        raise ImportError(f"{module} is compiled for {module_tile}-row tiles but qmm.layout.TILE is {TILE}: "
                           f"change both (and numba's cache of {module} is then rebuilt)")
 
 
@@ -40,7 +40,7 @@ def tile_rows(a: np.ndarray) -> np.ndarray:
 
 def f16_bits(blocks: np.ndarray, offset: int) -> np.ndarray:
     """The float16 at byte ``offset`` of each block, kept as its 16 bits (uint16): the kernels widen it with
-    ``_qmm_float.f16_bits_to_f32`` (vcvtph2ps), and the packed weight is no bigger than the file's blocks."""
+    ``qmm.floats.f16_bits_to_f32`` (vcvtph2ps), and the packed weight is no bigger than the file's blocks."""
     return np.ascontiguousarray(blocks[..., offset:offset + 2]).view(np.uint16)[..., 0]
 
 

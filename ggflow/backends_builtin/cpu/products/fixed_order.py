@@ -37,7 +37,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ggflow.backends_builtin.cpu._qmm_float import round_f32_to_f16
+from ggflow.backends_builtin.cpu.products.qmm.floats import round_f32_to_f16
 
 F32 = np.float32
 COLS = 64          # output columns per tile: a tile row (256 bytes) spans whole vectors

@@ -18,7 +18,7 @@ to summation order.
 - a weight the fast path does not take (a type that cannot be decoded ahead, memory not on the host): a
   turned into float32 on each run (through its to_float), numpy's matmul (BLAS) over chunks of
   ROWS_PER_GEMM rows.
-- anything else (the K and V views of the cache in attention): kernels_fixed_order_matmul's kernel, which
+- anything else (the K and V views of the cache in attention): products.fixed_order's kernel, which
   reads F32 and F16 where they lie and adds each output's products in one fixed order (other types are
   converted to float32 first).
 """
@@ -31,7 +31,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
-from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order
+from ggflow.backends_builtin.cpu.products import fixed_order
 from ggflow.backends_builtin.cpu import thread_choice
 from ggflow.backends_builtin.cpu.arrays import F32, TensorArrays, from_f32, to_f32
 from ggflow.core.ops import Op
@@ -46,9 +46,9 @@ Kernel = Callable[[], None]
 # token by token gives what one batch gives, as in ggml. That matters where activations are quantized
 # next (Q8_0 before a quantized matmul): a last-bit difference can flip a rounding and move logits by
 # 1e-2. Attention does not take this path: padding a decode step's single query row to 16 would multiply
-# its work by 16 (kernels_fixed_order_matmul has a fixed summation order instead).
+# its work by 16 (products.fixed_order has a fixed summation order instead).
 ROWS_PER_GEMM = 16
-QUANT_MATMUL_MODULE = "ggflow.backends_builtin.cpu.quant_matmul"
+QUANT_MATMUL_MODULE = "ggflow.backends_builtin.cpu.products.quant_matmul"
 
 
 def load_quant_matmul() -> ModuleType | None:
@@ -107,7 +107,7 @@ def bind_mul_mat(node: Tensor, arrays: TensorArrays, weights: PackedWeights, n_t
                  masked: Mapping[Tensor, tuple[Tensor, int]] | None = None,
                  written: Collection[Tensor] = ()) -> Kernel:
     """n_threads: the threads the plan runs on (None: numba's count), for the packed kernels' choice;
-    masked: the attention products that may skip the pages their tokens cannot see (attention_pages.py);
+    masked: the attention products that may skip the pages their tokens cannot see (ops/attention_pages.py);
     written: the tensors an in-place op of the plan writes into (set_rows, cpy into a view): a product
     whose activations lie there quantizes them for itself, not once for all their products."""
     a, b = node.src
@@ -214,7 +214,7 @@ def _bind_weight_gemm(node: Tensor, arrays: TensorArrays) -> Kernel:
 
 
 def _bind_fixed_order(node: Tensor, arrays: TensorArrays, masked: tuple[Tensor, int] | None = None) -> Kernel:
-    """State that changes between computes (K and V views of the cache): kernels_fixed_order_matmul's kernel.
+    """State that changes between computes (K and V views of the cache): products.fixed_order's kernel.
 
     F32 and F16 operands are read where they lie (the views are bound once; their contents change);
     other types are converted to float32 on each run, x rounded to a's vec_dot_type (Q8_0, ...) here.

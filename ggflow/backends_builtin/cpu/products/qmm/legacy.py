@@ -1,12 +1,12 @@
 """Matmul pieces of the 32-element block types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (activations Q8_0 / Q8_1).
 
-Each type's pieces (``PIECES``, see ``qmm_pieces``) work on the row-tiled layout of ``_qmm_layout``
+Each type's pieces (``PIECES``, see ``cpu_pieces``) work on the row-tiled layout of ``qmm.layout``
 and split a block's dot product in two loops, because LLVM sizes its vectors after the widest type
 in a loop:
 
 * an integer loop that only touches 8/16-bit values: for each group of products small enough to
   fit int16 (16 products of a 4-bit quant and an int8 activation: |sum| <= 16*15*127 < 2**15),
-  the sum across TILE rows in int16 lanes (32 per 512-bit vector, see ``_qmm_int16.wide_vectors``);
+  the sum across TILE rows in int16 lanes (32 per 512-bit vector, see ``qmm.int16.wide_vectors``);
 * a loop that widens those partial sums to int32, applies the block scales and accumulates in f32.
 
 The integer sums are exactly the ones ggml's ``vec_dot`` forms; only the order of the float
@@ -15,7 +15,7 @@ activation block sums: sum((q - 8) * x) = sum(q * x) - 8 * sum(x).
 
 Quant bytes are kept as little-endian 32-bit words, four bytes of one row per lane (Q5's fifth bits as one
 32-bit mask a block): products of up to 64 tokens take the byte quads straight from those words
-(``block_quads``, ``_qmm_quads.word_quad_sums``: nibbles masked, fifth bits spread, Q8_0's sign bits flipped,
+(``block_quads``, ``qmm.quads.word_quad_sums``: nibbles masked, fifth bits spread, Q8_0's sign bits flipped,
 in registers), no decoded block in between. The int16 one-pass sums read each word's 16-bit halves
 (``half_word``: a 16-row load then needs no byte-to-word widening, only shifts and masks); they run where
 the quads are not exact (Q8_0 without VNNI) or a test asks for them.
@@ -23,31 +23,31 @@ the quads are not exact (Q8_0 without VNNI) or a test asks for them.
 The j loops stay short (8 or 16 steps) so LLVM unrolls them completely and vectorizes the row loop
 around them; with a longer body the j loop stays rolled and nothing is vectorized. Helpers are
 inlined into the skeleton (``inline="always"``): compiled alone, LLVM vectorizes them worse.
-The skeleton (``_qmm_template``) runs the one-pass sums for a few tokens and ``decode`` for more.
+The skeleton (``qmm.template``) runs the one-pass sums for a few tokens and ``decode`` for more.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-from ggflow.backends_builtin.cpu._qmm_int16 import bit_to, field, half_word, sext8
-from ggflow.backends_builtin.cpu._qmm_float import f16_bits_to_f32
-from ggflow.backends_builtin.cpu._qmm_layout import check_tile, tile_rows
-from ggflow.backends_builtin.cpu._qmm_quads import BIT_MASK, SIGNED_BYTES, word_quad_sums
-from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
+from ggflow.backends_builtin.cpu.products.qmm.int16 import bit_to, field, half_word, sext8
+from ggflow.backends_builtin.cpu.products.qmm.floats import f16_bits_to_f32
+from ggflow.backends_builtin.cpu.products.qmm.layout import check_tile, tile_rows
+from ggflow.backends_builtin.cpu.products.qmm.quads import BIT_MASK, SIGNED_BYTES, word_quad_sums
+from ggflow.plugins.cpu_pieces import BlockPieces
 
 F32 = np.float32
 I16 = np.int16
 I32 = np.int32
 U32 = np.uint32
-R = 64     # rows per tile, a compile-time constant of every piece here (see _qmm_layout.TILE)
+R = 64     # rows per tile, a compile-time constant of every piece here (see qmm.layout.TILE)
 check_tile(R, __name__)
 
 
 # ---------------------------------------------------------------------------------------------- packing
 def _nibble_words(blocks: np.ndarray, start: int) -> np.ndarray:
     """The 16 nibble bytes of each block as 4 little-endian 32-bit words (int32), row-tiled: byte quads in place
-    (``_qmm_quads.word_quad_sums``)."""
+    (``qmm.quads.word_quad_sums``)."""
     return tile_rows(np.ascontiguousarray(blocks[:, :, start:start + 16]).view(np.int32))
 
 
@@ -337,13 +337,13 @@ def _q8_0_acc(acc, part, w, t, b, dx, xe, i):      # w: qs, d
 # A matvec streams these types' small blocks (1-2 KiB a tile) faster than the hardware prefetchers bring
 # them: asking for the bytes 8 KiB ahead took a one-thread 5632 x 2048 matvec from memory from 19 to 29-35
 # GB/s (Q4_0) and 21 to 30 GB/s (Q8_0) on a Zen 4 (2 and 4 KiB gave less; docs/performance.md). The
-# K-quants' big blocks ask for theirs a quarter at a time instead (_qmm_prefetch).
+# K-quants' big blocks ask for theirs a quarter at a time instead (qmm.prefetch).
 PREFETCH = 8192
 
 PIECES = {
     # quads_from: from where the decoded quads measured faster than the tile kernel (docs/performance.md, Zen 3;
     # a Q5 quad costs shifts for its fifth bits and its groups of 8 twice the widening steps); up to
-    # BLOCK_QUADS_MAX_TOKENS tokens every type here with block_quads takes those (_qmm_template.batch_path)
+    # BLOCK_QUADS_MAX_TOKENS tokens every type here with block_quads takes those (qmm.template.batch_path)
     "Q4_0": BlockPieces(32, 2, pack_q4_0, _q4_sums, _q4_decode, _q4_0_acc, _q4_quads, quads_from=2,
                         block_quads=_q4_block_quads, prefetch_bytes=PREFETCH),
     "Q4_1": BlockPieces(32, 2, pack_q4_1, _q4_sums, _q4_decode, _q4_1_acc, _q4_quads, quads_from=2,

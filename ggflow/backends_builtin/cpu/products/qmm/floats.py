@@ -9,7 +9,7 @@ A row dot product is a float reduction, which LLVM only vectorizes when allowed 
 Each weight row is read once for up to ``TOKENS`` tokens, so batches stream the weights once.
 
 One skeleton for the three types, specialised on the type's name as a numba string literal (as the
-quantized types' ``_qmm_template``): the only piece that differs is how an element becomes float32.
+quantized types' ``qmm.template``): the only piece that differs is how an element becomes float32.
 """
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def entry_point(kind: str, parallel: bool, arg_types: tuple):
     (arg_types: the numba types of w, x, out); compiled (or loaded from the cache) on first use.
 
     The compiled entry point, not the dispatcher: dispatching a str to a literal specialisation
-    re-runs numba's typing on every call (see _qmm_template)."""
+    re-runs numba's typing on every call (see qmm.template)."""
     sig = (types.literal(kind),) + tuple(arg_types)
     return (_mul_mat_parallel if parallel else _mul_mat_serial).compile(sig)
 

@@ -26,7 +26,7 @@ import numba
 import numpy as np
 
 from ggflow.backends_builtin.cpu.arrays import F32, TensorArrays, to_f32
-from ggflow.backends_builtin.cpu.kernels_matmul import PackedWeights, vec_dot_rounding
+from ggflow.backends_builtin.cpu.products.matmul import PackedWeights, vec_dot_rounding
 from ggflow.core.tensor import Tensor
 from ggflow.errors import BackendError
 

@@ -2,9 +2,9 @@
 
 For batches of 3 to PAIRS_MIN_TOKENS - 1 tokens (a decode step of a few parallel sequences) the skeleton
 decodes a block of a row tile once, as int16 ``wd[element, row]``, and needs each token's group sums
-of ``wd * x``. Written as scalar numba loops, one token at a time, every token re-read the decoded
-block from memory and stored its sums between groups: four tokens cost 4.1x one token's matvec
-(Q4_1 1536 x 576, measured). ``token_sums`` writes the vector code as LLVM IR instead: each weight
+of ``wd * x``. Written as scalar numba loops, one token at a time, every token re-reads the decoded
+block from memory and stores its sums between groups, so four tokens cost about four matvecs.
+``token_sums`` writes the vector code as LLVM IR instead: each weight
 vector (32 rows of int16) is loaded once and multiplied into every token's accumulators (``vpmullw`` +
 ``vpaddw`` with 512-bit vectors), which live in registers until the group is done.
 
@@ -19,7 +19,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ggflow.backends_builtin.cpu._qmm_pairs import _row_pointer
+from ggflow.backends_builtin.cpu.products.qmm.pairs import _row_pointer
 
 LANES = 32                       # int16 lanes of one 512-bit vector
 _I16 = ir.IntType(16)

@@ -1,30 +1,30 @@
 """The one matmul skeleton every quantized weight type runs in, specialised by the type's pieces.
 
-A type brings four pieces (``qmm_pieces.BlockPieces``): ``block_sums`` (the one-pass matvec: int16
+A type brings four pieces (``cpu_pieces.BlockPieces``): ``block_sums`` (the one-pass matvec: int16
 sums of products for each group of a block, across the TILE rows of a tile), ``decode`` (a block of
 a tile into int16 values, for batches), ``accumulate`` (the group sums into f32 with the block's
 scales) and its group count. The skeleton below is written once: tiles of rows, the matvec/batched
 switch, the sums of decoded values, the accumulators and the store, and a parallel and a serial
 driver around it. Batches of MATVEC_MAX_TOKENS + 1 tokens or more decode each block once and form the
-group sums of TOKENS_PER_PASS tokens per pass with ``_qmm_token_sums.token_sums`` (each decoded weight
+group sums of TOKENS_PER_PASS tokens per pass with ``qmm.token_sums.token_sums`` (each decoded weight
 vector loaded once for the tokens, the sums in registers) where a group has TOKEN_SUMS_MIN_GROUP elements or
 more, one token at a time (``_sum_decoded``) where fewer.
 
 Batches of PAIRS_MIN_TOKENS tokens or more run a second tile function, ``_tile_pairs``: each decoded
 block laid out as element pairs (``_interleave_pairs``), the group sums of TOKENS_PER_PASS tokens per
-pass formed with int16-pair multiply-accumulates into int32 lanes (``_qmm_pairs.pair_sums``:
+pass formed with int16-pair multiply-accumulates into int32 lanes (``qmm.pairs.pair_sums``:
 ``vpdpwssd`` with AVX512-VNNI), two products per lane instead of a 16-bit multiply and add per product.
 The sums are stored as int16 and ``accumulate`` runs per token exactly as in ``_tile``, so every path
 gives bit-identical results. Only where the target has AVX-512: on AVX2 it loses to ``_tile``.
 
 Types that bring ``decode_quads`` run products of ``quads_from`` tokens or more in a third tile function,
 ``_tile_quads``: each block decoded straight into byte quads (four elements of a row per int32 lane), the
-group sums of QUAD_TOKENS tokens per pass formed as int32 with byte dot products (``_qmm_quads.quad_sums``:
+group sums of QUAD_TOKENS tokens per pass formed as int32 with byte dot products (``qmm.quads.quad_sums``:
 ``vpmaddubsw`` on AVX2, ``vpdpbusd`` with AVX512-VNNI), a type's quad_bias taken out through the
 activations' group sums; ``accumulate`` reads the same integers, so the same bits again. A type that also
 brings ``block_quads`` (the 4- to 8-bit types whose quant bytes are packed as 32-bit words) forms those sums
 straight from its packed words for products of up to BLOCK_QUADS_MAX_TOKENS tokens, decode and
-one-token matvec alike (``_qmm_quads.word_quad_sums``: the nibbles masked in registers, no decoded block
+one-token matvec alike (``qmm.quads.word_quad_sums``: the nibbles masked in registers, no decoded block
 stored and loaded again): in cache 1.1-2x faster than the int16 matvec, and 1.3-3x the decode-then-sum
 path at 2-4 tokens, 1.2-1.9x at 64 for the 4-bit types (docs/performance.md, "Eleventh session").
 
@@ -72,19 +72,25 @@ from numba.core import cgutils
 from numba.core.errors import NumbaIRAssumptionWarning
 from numba.extending import intrinsic, overload
 
-from ggflow.backends_builtin.cpu import (_qmm_amx, _qmm_float, _qmm_int16, _qmm_layout, _qmm_pairs, _qmm_prefetch,
-                                         _qmm_quads, _qmm_token_sums)
-from ggflow.backends_builtin.cpu._qmm_int16 import wide_vectors
-from ggflow.backends_builtin.cpu._qmm_layout import check_tile
-from ggflow.backends_builtin.cpu._qmm_pairs import pair_sums, pairs_are_fast
-from ggflow.backends_builtin.cpu._qmm_prefetch import prefetch_slice
-from ggflow.backends_builtin.cpu._qmm_quads import quad_sums, quads_add_in_int32, quads_are_exact
-from ggflow.backends_builtin.cpu._qmm_token_sums import token_sums
+from ggflow.backends_builtin.cpu.products.qmm import amx as _qmm_amx
+from ggflow.backends_builtin.cpu.products.qmm import floats as _qmm_float
+from ggflow.backends_builtin.cpu.products.qmm import int16 as _qmm_int16
+from ggflow.backends_builtin.cpu.products.qmm import layout as _qmm_layout
+from ggflow.backends_builtin.cpu.products.qmm import pairs as _qmm_pairs
+from ggflow.backends_builtin.cpu.products.qmm import prefetch as _qmm_prefetch
+from ggflow.backends_builtin.cpu.products.qmm import quads as _qmm_quads
+from ggflow.backends_builtin.cpu.products.qmm import token_sums as _qmm_token_sums
+from ggflow.backends_builtin.cpu.products.qmm.int16 import wide_vectors
+from ggflow.backends_builtin.cpu.products.qmm.layout import check_tile
+from ggflow.backends_builtin.cpu.products.qmm.pairs import pair_sums, pairs_are_fast
+from ggflow.backends_builtin.cpu.products.qmm.prefetch import prefetch_slice
+from ggflow.backends_builtin.cpu.products.qmm.quads import quad_sums, quads_add_in_int32, quads_are_exact
+from ggflow.backends_builtin.cpu.products.qmm.token_sums import token_sums
 
 F32 = np.float32
 I16 = np.int16
 I32 = np.int32
-R = 64     # rows per tile, a compile-time constant of the skeleton (see _qmm_layout.TILE)
+R = 64     # rows per tile, a compile-time constant of the skeleton (see qmm.layout.TILE)
 check_tile(R, __name__)
 MATVEC_MAX_TOKENS = 2   # up to this many tokens the one-pass matvec beats decoding into a buffer
 TOKENS_PER_PASS = 4     # pairs path: tokens one pass over a decoded block serves (each weight vector loaded once)
@@ -97,7 +103,7 @@ PAIRS_MIN_TOKENS = 8
 # storing the accumulators per group costs more than it saves (Q8_0 49152 x 576, 4 tokens: 4.5-5.3 ms the
 # scalar way, 5.9-6.8 ms in registers; Q4_1's 16-element groups: 1.2-1.5x faster in registers).
 TOKEN_SUMS_MIN_GROUP = 8
-# The quads kernel (byte quads, vpmaddubsw / vpdpbusd; see _qmm_quads) takes QUAD_TOKENS tokens per pass over
+# The quads kernel (byte quads, vpmaddubsw / vpdpbusd; see qmm.quads) takes QUAD_TOKENS tokens per pass over
 # a decoded block: two kept AVX2's 16 vector registers free of spills (Q4_1 1536 x 576 on a Zen 3, n = 4: four
 # per pass 1.3-1.6x slower than two). From how many tokens a type takes it is the type's (BlockPieces.quads_from).
 QUAD_TOKENS = 2
@@ -107,7 +113,7 @@ QUAD_TOKENS = 2
 # bytes are twice the nibbles': 2048 x 2048, 64 tokens, one thread, Q4_K 1556-1872 -> 966-1000 us, Q4_1 1536 x
 # 576 409-415 -> 330-357, Q4_0 1796-2080 -> 1307-1479, Q5_K 1502-1947 -> 1405-1410; Q6_K and Q5_0 about even.
 BLOCK_QUADS_MAX_TOKENS = 64
-# From this many tokens on, where the CPU has AMX (_qmm_amx.amx_available), a type with decode_quads and at most
+# From this many tokens on, where the CPU has AMX (qmm.amx.amx_available), a type with decode_quads and at most
 # AMX_MAX_GROUPS quad groups a block takes the tiles: a block decoded once, then each group's sums of 16 tokens x
 # 64 rows in four tdpbsud. A block's sums of 16 tokens are 16 x groups x 64 int32, written by the tiles and read by
 # the accumulate: 32 KiB at 8 groups, in L1; at Q2_K's, Q3_K's and Q6_K's 16 they spill, and those ran 0.3-0.6x the
@@ -118,7 +124,7 @@ AMX_MAX_GROUPS = 8
 if PAIRS_MIN_TOKENS < TOKENS_PER_PASS:
     raise ImportError("PAIRS_MIN_TOKENS must be at least TOKENS_PER_PASS (the last pass re-reads the last tokens)")
 
-_PIECES: dict[str, object] = {}   # kind -> BlockPieces (qmm_pieces), filled by register_pieces
+_PIECES: dict[str, object] = {}   # kind -> BlockPieces (cpu_pieces), filled by register_pieces
 
 
 # The modules whose njit functions and intrinsics the skeleton compiles into every type's kernels: numba's cache
@@ -323,7 +329,7 @@ def _tile_pairs(kind, t0, t1, w, xq, dx, xe, out):
 @overload(_tile_pairs, jit_options={"nogil": True})
 def _ov_tile_pairs(kind, t0, t1, w, xq, dx, xe, out):
     """The batched path in int16 pairs: a block decoded once, laid out as element pairs, then group sums
-    of TOKENS_PER_PASS tokens per pass (``_qmm_pairs.pair_sums``), accumulated per token in order as in
+    of TOKENS_PER_PASS tokens per pass (``qmm.pairs.pair_sums``), accumulated per token in order as in
     ``_tile``: the same bits."""
     p = _pieces_of(kind)
     if p is None:
@@ -386,7 +392,7 @@ def _tile_quads(kind, t0, t1, w, x8, xs, dx, xe, out):
 def _ov_tile_quads(kind, t0, t1, w, x8, xs, dx, xe, out):
     """The batched path in byte quads: a block decoded once by the type's ``decode_quads`` (four elements
     of a row per int32 lane, unsigned bytes), the group sums of QUAD_TOKENS tokens per pass formed in int32
-    (``_qmm_quads.quad_sums``: vpmaddubsw, vpdpbusd), accumulated per token in order as in ``_tile``: the
+    (``qmm.quads.quad_sums``: vpmaddubsw, vpdpbusd), accumulated per token in order as in ``_tile``: the
     same integers, so the same bits. A type whose quads carry a bias gets it taken out through xs, its
     activations' group sums (``_activation_group_sums``)."""
     p = _pieces_of(kind)
@@ -528,8 +534,8 @@ def _tile_amx(kind, t0, t1, w, x8, xs, dx, xe, out):
 
 @overload(_tile_amx, jit_options={"nogil": True})
 def _ov_tile_amx(kind, t0, t1, w, x8, xs, dx, xe, out):
-    """The quads path with the group sums of _qmm_amx.TOKENS tokens per pass formed on AMX tiles
-    (``_qmm_amx.group_sums``): a block decoded once by ``decode_quads``, then per group one tile of the tokens'
+    """The quads path with the group sums of qmm.amx.TOKENS tokens per pass formed on AMX tiles
+    (``qmm.amx.group_sums``): a block decoded once by ``decode_quads``, then per group one tile of the tokens'
     activations against the block's quads, the bias taken out through xs, accumulated per token in order as in
     ``_tile``: the same integers, so the same bits. x8 and xs have rows for whole passes (the driver pads them)."""
     p = _pieces_of(kind)
@@ -580,7 +586,7 @@ def _mul_mat_amx_tiles(kind, w, x8, xs, dx, xe, out, t0, t1):
 
 @njit(cache=True, inline="always")
 def _amx_activations(kind, xq):
-    """The activations as bytes in whole passes of _qmm_amx.TOKENS rows (the rows past n zero), and their group
+    """The activations as bytes in whole passes of qmm.amx.TOKENS rows (the rows past n zero), and their group
     sums where the type's quads carry a bias."""
     n, k = xq.shape
     x8 = np.zeros((-(-n // _qmm_amx.TOKENS) * _qmm_amx.TOKENS, k), np.int8)
@@ -621,8 +627,8 @@ def batch_path(kind: str, n_tokens: int) -> str:
     same bits: "amx" from AMX_MIN_TOKENS where the CPU has AMX and the type has few enough quad groups a block
     (``amx_takes``), "quads" from the type's quads_from where it has decode_quads, and up to BLOCK_QUADS_MAX_TOKENS
     where it also has block_quads (where they are exact for its bias on this target:
-    ``_qmm_quads.quads_are_exact``), "pairs" from PAIRS_MIN_TOKENS
-    where the target has AVX-512 (``_qmm_pairs.pairs_are_fast``), else "tile" (the matvec up to
+    ``qmm.quads.quads_are_exact``), "pairs" from PAIRS_MIN_TOKENS
+    where the target has AVX-512 (``qmm.pairs.pairs_are_fast``), else "tile" (the matvec up to
     MATVEC_MAX_TOKENS, then decoded blocks)."""
     pieces = _PIECES[kind]     # the pieces the kind was compiled with, even if the type was registered again
     if n_tokens >= AMX_MIN_TOKENS and amx_takes(pieces) and _qmm_amx.amx_available():
@@ -643,7 +649,7 @@ def entry_point(kind: str, parallel: bool, arg_types: tuple, path: str = "tile")
     pays for its parallel drivers, which cost the most to compile, and decoding never for the batch ones."""
     if path == "amx" and not _qmm_amx.amx_available():   # also what asks Linux for the tile state: else SIGILL
         raise RuntimeError("the amx path needs AMX tiles, which this CPU or process does not have "
-                           "(_qmm_amx.amx_available)")
+                           "(qmm.amx.amx_available)")
     sig = (types.literal(kind),) + tuple(arg_types)
     driver = {("tile", False): _mul_mat_serial, ("tile", True): _mul_mat_parallel,
               ("pairs", False): _mul_mat_pairs_serial, ("pairs", True): _mul_mat_pairs_parallel,

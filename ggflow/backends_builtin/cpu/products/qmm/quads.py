@@ -1,10 +1,10 @@
 """int32 sums of unsigned-byte x signed-byte products, four per 32-bit lane: what ``vpdpbusd`` computes.
 
-The batched matmul (``_qmm_template``) can lay a decoded block of a row tile out as quads: four
+The batched matmul (``qmm.template``) can lay a decoded block of a row tile out as quads: four
 consecutive elements of one row as unsigned bytes in one 32-bit lane (``wq[j, r]`` holds elements
 4j .. 4j+3 of row r, see ``BlockPieces.decode_quads``). A token's four int8 activations x[4j .. 4j+3],
 broadcast as one int32, then meet 16 rows in one multiply-accumulate: AVX512-VNNI's ``vpdpbusd``
-does 64 products per instruction where the int16 path (``_qmm_token_sums``) does 32 per two. Every
+does 64 products per instruction where the int16 path (``qmm.token_sums``) does 32 per two. Every
 product fits the instruction's 16-bit intermediate (255 * 128 < 2**15) and the lanes add in 32 bits
 without saturation, so the sums are exact: the same integers the int16 paths form, wider. On AVX2
 (no VNNI) ``vpmaddubsw`` adds a row's products two by two into int16 lanes, a group's quads are summed
@@ -17,7 +17,7 @@ stores them with a bias (``BlockPieces.quad_bias``: Q6_K's -32..31 as 0..63), wh
 the activations' group sums, sum((q + bias) * x) - bias * sum(x), exact in int32.
 
 On x86 with AVX512-VNNI the code calls the instruction's LLVM intrinsic (chosen from the features numba
-compiles for, as ``_qmm_pairs`` does); elsewhere plain IR (widen, multiply, add the four products of
+compiles for, as ``qmm.pairs`` does); elsewhere plain IR (widen, multiply, add the four products of
 each lane), which LLVM lowers as well as the target allows.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ggflow.backends_builtin.cpu._qmm_pairs import _row_pointer, _target_features
+from ggflow.backends_builtin.cpu.products.qmm.pairs import _row_pointer, _target_features
 
 LANES = 16                      # int32 lanes of one 512-bit vector
 _I8 = ir.IntType(8)

@@ -1,6 +1,6 @@
 """int32 sums of int16 products, a pair of elements per 32-bit lane: what ``vpdpwssd`` computes.
 
-The batched matmul (``_qmm_template``) decodes a block of a row tile once and multiplies it into
+The batched matmul (``qmm.template``) decodes a block of a row tile once and multiplies it into
 every token. With the block stored as element pairs (``wp[j, 2r + h]`` = element 2j + h of row r,
 one 32-bit lane per pair) and a token's activation pair (x[2j], x[2j+1]) broadcast as one int32,
 one multiply-accumulate of int16 pairs into int32 lanes does two products of 16 rows: AVX512-VNNI's

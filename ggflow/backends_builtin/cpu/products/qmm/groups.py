@@ -5,7 +5,7 @@ join): SmolLM2's 192 x 576 K and V products were too small to pay for a region o
 beside the parallel Q. Here the weights' row tiles are laid end to end, one tile range over all of them: the
 serial driver runs them in order, the parallel one splits the whole range among the threads (Q, K and V are
 15 tiles for two threads, not 9 parallel and 3 + 3 on one). Each tile is computed by the same tile function
-as a product of its own (``_qmm_template``), so every output is the same bits.
+as a product of its own (``qmm.template``), so every output is the same bits.
 
 Bound groups (``quant_matmul.bind_mul_mats``) on the paths a decode step and a short prompt take ("tile" and
 "quads": the matvec and the packed-word quads) run these drivers, and so do a single bound product's parallel calls,
@@ -26,7 +26,7 @@ import numpy as np
 from numba import literally, njit, prange, types
 from numba.core.errors import NumbaIRAssumptionWarning
 
-from ggflow.backends_builtin.cpu._qmm_template import (
+from ggflow.backends_builtin.cpu.products.qmm.template import (
     _activation_group_sums, _mul_mat_quads_tiles, _mul_mat_tiles, _thread_share, _threads_now)
 
 GROUP_PATHS = ("tile", "quads")
@@ -133,7 +133,7 @@ def entry_point(kind: str, parallel: bool, arg_types: tuple, path: str):
     for one weight; path one of GROUP_PATHS. Compiled (or loaded from numba's cache) on first use."""
     driver = {("tile", False): _serial, ("tile", True): _parallel,
               ("quads", False): _quads_serial, ("quads", True): _quads_parallel}[path, parallel]
-    with warnings.catch_warnings():   # as _qmm_template.entry_point: numba's pedantic scope check on inlined pieces
+    with warnings.catch_warnings():   # as qmm.template.entry_point: numba's pedantic scope check on inlined pieces
         warnings.simplefilter("ignore", NumbaIRAssumptionWarning)
         w, *acts, out = arg_types
         return driver.compile((types.literal(kind), types.int64, *(w,) * MAX_WEIGHTS, *acts, *(out,) * MAX_WEIGHTS))

@@ -1,6 +1,6 @@
 """Group sums of sixteen tokens at once on AMX tiles (Intel's Advanced Matrix Extensions), where the CPU has them.
 
-The byte-quad kernels (``_qmm_quads``) form a block's group sums with ``vpdpbusd``: a 16-lane vector of one
+The byte-quad kernels (``qmm.quads``) form a block's group sums with ``vpdpbusd``: a 16-lane vector of one
 token's products at a time. An AMX ``tdpbsud`` multiplies a tile of 16 tokens' signed activation bytes by a
 tile of unsigned weight bytes in VNNI order (a row holds four consecutive elements of each of 16 weight rows:
 exactly a row of ``decode_quads``' (quads, rows) int32 layout) into 16 x 16 int32 sums: a whole group of 16
@@ -29,7 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 TOKENS = 16          # a tile's rows: the tokens one pass takes
-ROWS = 64            # the skeleton's rows per tile (_qmm_template.R): four runs of 16
+ROWS = 64            # the skeleton's rows per tile (qmm.template.R): four runs of 16
 _ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 
 
@@ -39,7 +39,7 @@ def amx_available() -> bool:
     if os.environ.get("GGFLOW_AMX", "1") == "0" or not sys.platform.startswith("linux"):
         return False
     from numba.core.registry import cpu_target
-    from ggflow.backends_builtin.cpu._qmm_pairs import _target_features
+    from ggflow.backends_builtin.cpu.products.qmm.pairs import _target_features
     if not {"+amx-int8", "+amx-tile"} <= _target_features(cpu_target.target_context):
         return False     # what numba compiles for: not the host's where NUMBA_CPU_NAME names another CPU
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ggflow.backends_builtin.cpu._qmm_float import round_f32_to_f16
+from ggflow.backends_builtin.cpu.products.qmm.floats import round_f32_to_f16
 
 F32 = np.float32
 I16 = np.int16
@@ -24,7 +24,7 @@ QK_K = 256
 @njit(cache=True, nogil=True, fastmath=False, inline="always")
 def f16_round(v):
     """Round a float32 to the nearest float16 (ties to even, inf past the range, as ggml's fp32 -> fp16),
-    as float32: one vcvtps2ph where the CPU has F16C (``_qmm_float.round_f32_to_f16``). The frexp/ldexp
+    as float32: one vcvtps2ph where the CPU has F16C (``qmm.floats.round_f32_to_f16``). The frexp/ldexp
     arithmetic this replaced cost libm calls per block: Q8_1 of 4 x 576 values took 3.9 us, now 2.1."""
     return round_f32_to_f16(F32(v))
 

@@ -4,7 +4,7 @@ token sees.
 ggml's graph has three nodes: kq = mul_mat(K, q), p = soft_max(kq, mask, scale), kqv = mul_mat(V, p). Run
 one by one, each writes and reads back an n_kv-wide row per head and token, and the soft_max runs over every
 cell of the padded range, the masked ones too: with four sequences in the cache, three quarters of it. Here
-each row (token, query head) takes only the pages of cells its token sees (kernels_fixed_order_matmul's
+each row (token, query head) takes only the pages of cells its token sees (products.fixed_order's
 ``live``), packed into a compact row, in three calls per layer:
   scores (numba): s[c] = sum over kk of q[kk] * K[c, kk], one fma after the other from kk = 0 (q rounded to
       F16 first when K is F16), each page of each K head transposed into a tile once for all the rows of a
@@ -13,7 +13,7 @@ each row (token, query head) takes only the pages of cells its token sees (kerne
       row's max. A task runs page by page, every head of a page in turn: the cache stores a cell's heads
       side by side, so a page is read from memory once (head by head, one task per head, it was read
       about three times: 2.3x the time of a layer of four sequences with 500 cells each, caches cold);
-  numpy's exp over the packed rows (kernels_softmax says why numpy's);
+  numpy's exp over the packed rows (ops.softmax says why numpy's);
   outputs (numba): 1/sum in float64 lanes, p = e / sum (rounded to F16 when V is F16, as ggml's
       vec_dot_type for an F16 V), o[d] = sum over the seen cells c, in order, of p[c] * V[c, d].
 Each of those is what the unfused kernels compute for that element, in the same order (the fixed-order
@@ -31,12 +31,12 @@ import numpy as np
 from numba import njit, prange
 
 from ggflow.backends_builtin.cpu import entry_points, thread_choice
-from ggflow.backends_builtin.cpu import kernels_fixed_order_matmul as fixed_order
+from ggflow.backends_builtin.cpu.products import fixed_order
 from ggflow.backends_builtin.cpu.arrays import TensorArrays
-from ggflow.backends_builtin.cpu.kernels_fixed_order_matmul import (
+from ggflow.backends_builtin.cpu.products.fixed_order import (
     PAGE, _accumulate_row, _fill_tile, as_f32, round_f32_to_f16)
-from ggflow.backends_builtin.cpu.kernels_matmul import is_weight, native_operand, pages_seen
-from ggflow.backends_builtin.cpu.kernels_softmax import LANES, add_to_lanes, inverse_of_sum, row_max
+from ggflow.backends_builtin.cpu.products.matmul import is_weight, native_operand, pages_seen
+from ggflow.backends_builtin.cpu.ops.softmax import LANES, add_to_lanes, inverse_of_sum, row_max
 from ggflow.core.tensor import Tensor
 
 Kernel = Callable[[], None]
@@ -94,7 +94,7 @@ def _cells(w, t0, n_head, row, slot, page):
 @njit(cache=True, fastmath=False, inline="always")
 def _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, head_parts, task):
     """w[hq, t, compact cells] = K x q * scale + mask - the row's max, for the rows of the task's tokens and
-    heads (soft_max up to its exp: kernels_softmax.scaled_masked_minus_max's operations). Page by page, and
+    heads (soft_max up to its exp: ops.softmax.scaled_masked_minus_max's operations). Page by page, and
     within a page every K/V head its query heads read: a page of the cache holds all heads of its cells, so it is
     read once (tasks that split a token's query heads read their own K/V heads' bytes of it, but for a K/V head
     two of them share)."""
@@ -151,7 +151,7 @@ def _outputs_task(v_mem, v_step, n_kv_head, live, round_p, w, out, out_step, hd_
     n_rows = n_head * (t1 - t0)
     slot, seen = _slots(live, t0, t1)
     lanes = np.empty(LANES, np.float64)
-    for row in range(n_rows):                     # the probabilities: kernels_softmax.normalize's operations
+    for row in range(n_rows):                     # the probabilities: ops.softmax.normalize's operations
         hq, t = row % n_head, t0 + row // n_head
         if not hq0 <= hq < hq1:
             continue
@@ -189,7 +189,7 @@ def scores_serial(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w_mem
     (n_head, n_tokens, width) into w_memory's first elements; returns how many (the exp's range). k_mem:
     the K view (1, H_kv, n_kv, hd) of the cache as 1-D memory (float32 or F16 bits), read at element steps
     k_step; q (1, H, n, hd) float32 or F16 bits, C-contiguous; mask (n, n_kv) float32; live (n, pages)
-    uint8 (kernels_fixed_order_matmul.pages_live). width: the most pages a token sees, times PAGE."""
+    uint8 (products.fixed_order.pages_live). width: the most pages a token sees, times PAGE."""
     w = _compact_rows(w_memory, q.shape, live)
     for task in range(first, end):
         _scores_task(k_mem, k_step, n_kv_head, q, mask, live, scale, round_q, w, n_tasks, head_parts, task)

@@ -1,4 +1,4 @@
-"""MXFP4's pieces for the CPU matmul skeleton (see ``qmm_pieces``): gpt-oss's experts run in the packed kernels.
+"""MXFP4's pieces for the CPU matmul skeleton (see ``cpu_pieces``): gpt-oss's experts run in the packed kernels.
 
 The E2M1 table (doubled: 0..12, signed) is looked up once, when the weight is packed, into int8 values two
 per uint16 word, and each block's E8M0 scale is kept as the float32 ggml computes (half the E8M0 value): 36
@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ggflow.backends_builtin.cpu._qmm_int16 import sext8
-from ggflow.backends_builtin.cpu._qmm_layout import check_tile, tile_rows
-from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
+from ggflow.backends_builtin.cpu.products.qmm.int16 import sext8
+from ggflow.backends_builtin.cpu.products.qmm.layout import check_tile, tile_rows
+from ggflow.plugins.cpu_pieces import BlockPieces
 
 TILE = 64
 check_tile(TILE, __name__)

@@ -3,8 +3,8 @@
     pw = pack_weight(w, "Q4_K")          # once per weight, at load
     mul_mat(pw, x, out)                  # out[i, r] = dot(W[r], x[i]); x (n, k) f32, out (n, rows) f32
 
-Every quantized type runs in one skeleton (``_qmm_template``) specialised by the type's pieces
-(``qmm_pieces.BlockPieces``): the built-in ones in ``_qmm_legacy`` / ``_qmm_kquants``, a plugin type's
+Every quantized type runs in one skeleton (``qmm.template``) specialised by the type's pieces
+(``cpu_pieces.BlockPieces``): the built-in ones in ``qmm.legacy`` / ``qmm.kquants``, a plugin type's
 in its TypeTraits (``kernels={"cpu": BlockPieces(...)}``). A quantized type with no pieces is converted
 once, when packed, with its own to_float, to a float type (F16, 2 bytes per weight, or F32 when that is
 its vec_dot_type) and runs that type's kernel.
@@ -14,7 +14,7 @@ Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K types) with ggml's reference 
 dot products are exact integers, and the scales are applied and accumulated in f32. F16 and BF16
 weights take activations rounded to F16 / BF16; F32 weights take them as they are.
 
-Quantized weights are repacked once into a row-tiled layout (see ``_qmm_layout``), in runs of whole tiles
+Quantized weights are repacked once into a row-tiled layout (see ``qmm.layout``), in runs of whole tiles
 of about ``PACK_CHUNK_BYTES`` of GGUF data: a copy the size of the GGUF data for the 32-element types (f16
 scales kept as f16), +0% to +3% for the K types (6-bit scales unpacked to bytes, f16 super-block scales kept
 as f16 but Q6_K's, f32 there, +1%; Q3_K +33%, its quants widened to nibbles); the mmap'd bytes are not kept
@@ -25,7 +25,7 @@ per-type figures and speeds.
 n == 1 (decode) and small n take the matvec path (one decode-and-multiply pass per token); larger n
 a batched one, which decodes each block of a row tile once and reuses it for all tokens: byte dot
 products where the type has ``decode_quads``, int16 pairs into int32 lanes from
-``_qmm_template.PAIRS_MIN_TOKENS`` tokens on AVX-512, else int16 sums (``_qmm_template.batch_path``
+``qmm.template.PAIRS_MIN_TOKENS`` tokens on AVX-512, else int16 sums (``qmm.template.batch_path``
 decides, ``PackedWeight.kernel`` asks it).
 Threads: numba's prange over row tiles, as many as ``numba.set_num_threads`` allows; products below
 ``PARALLEL_MIN_MACS``, and every product on one thread, run on the calling thread; ``bind_mul_mat``'s
@@ -41,16 +41,16 @@ import numba
 import numpy as np
 from numba import typeof
 
-from ggflow.backends_builtin.cpu import _qmm_act as act
-from ggflow.backends_builtin.cpu import _qmm_float as flt
-from ggflow.backends_builtin.cpu import _qmm_groups as groups
-from ggflow.backends_builtin.cpu import _qmm_kquants as kq
-from ggflow.backends_builtin.cpu import _qmm_legacy as leg
-from ggflow.backends_builtin.cpu import _qmm_mxfp4 as mx
-from ggflow.backends_builtin.cpu import _qmm_template as tmpl
+from ggflow.backends_builtin.cpu.products.qmm import act
+from ggflow.backends_builtin.cpu.products.qmm import floats as flt
+from ggflow.backends_builtin.cpu.products.qmm import groups
+from ggflow.backends_builtin.cpu.products.qmm import kquants as kq
+from ggflow.backends_builtin.cpu.products.qmm import legacy as leg
+from ggflow.backends_builtin.cpu.products.qmm import mxfp4 as mx
+from ggflow.backends_builtin.cpu.products.qmm import template as tmpl
 from ggflow.backends_builtin.cpu import entry_points, thread_choice
-from ggflow.backends_builtin.cpu._qmm_layout import TILE
-from ggflow.backends_builtin.cpu.qmm_pieces import BlockPieces
+from ggflow.backends_builtin.cpu.products.qmm.layout import TILE
+from ggflow.plugins.cpu_pieces import BlockPieces
 from ggflow.core.types import TypeTraits, type_traits
 from ggflow.errors import BackendError, ShapeError, UnknownNameError
 
@@ -93,7 +93,7 @@ class _QuantType:
 class _Drivers:
     """A type's kernels for one argument layout, each compiled (or loaded from numba's cache) on first
     use: parallel or serial, and for quantized types the path ("tile", "pairs", "quads": tmpl.batch_path);
-    for groups of weights of the type (``bind_mul_mats``), _qmm_groups' kernels."""
+    for groups of weights of the type (``bind_mul_mats``), qmm.groups' kernels."""
     __slots__ = ("_compile", "_compile_group", "_kernels")
 
     def __init__(self, compile: Callable[[bool, str], Kernel],
@@ -124,7 +124,7 @@ def cpu_pieces(traits: TypeTraits) -> BlockPieces | None:
     pieces = _BUILTIN_PIECES.get(traits.name) or traits.kernels.get("cpu")
     if pieces is not None and not isinstance(pieces, BlockPieces):
         raise BackendError(f"{traits.name}: TypeTraits.kernels['cpu'] must be a "
-                           f"ggflow.backends_builtin.cpu.qmm_pieces.BlockPieces, got {type(pieces).__name__}")
+                           f"ggflow.plugins.cpu_pieces.BlockPieces, got {type(pieces).__name__}")
     return pieces
 
 
@@ -247,7 +247,7 @@ def _pack_in_chunks(pack: Callable, w: np.ndarray, rows: int, k: int,
         t0, t1 = r0 // TILE, r0 // TILE + -(-n // TILE)
         if any(a.shape[0] != t1 - t0 for a in part):
             raise BackendError(f"a pack function returned arrays of shapes {[a.shape for a in part]} for "
-                               f"{n} rows: each must be (n_tiles={t1 - t0}, ..., TILE) (qmm_pieces)")
+                               f"{n} rows: each must be (n_tiles={t1 - t0}, ..., TILE) (cpu_pieces)")
         if n == rows:
             arrays = part                                # one run: pack's own arrays are the whole
         else:
@@ -349,7 +349,7 @@ def bind_mul_mat(pw: PackedWeight, x: np.ndarray, out: np.ndarray, n_threads: in
     calls that never run at the same time (one plan's), which then share one set of activation buffers
     per type and shape (a prompt's would otherwise hold n x k int16 per weight); None: buffers of its own.
 
-    On the tile and quads paths a parallel call runs _qmm_groups' driver as a group of one (``_bound_products``).
+    On the tile and quads paths a parallel call runs qmm.groups' driver as a group of one (``_bound_products``).
 
     x_source: what x is the memory of (the graph node), where it stays unchanged from its first product to
     its last, as a plan's node results do. Products bound in a plan's order with one x_source (a layer's
@@ -386,7 +386,7 @@ def bind_mul_mats(pws: Sequence[PackedWeight], x: np.ndarray, outs: Sequence[np.
                   scratch: dict | None = None, x_source: Hashable | None = None) -> Callable[[], None]:
     """The products ``mul_mat(pws[j], x, outs[j])`` prepared once as one call (``bind_mul_mat``'s terms): x
     quantized once, then one kernel over all the weights' row tiles, on one thread or in one parallel region
-    (_qmm_groups). The weights must pass ``can_group``. Outputs are those of separate products, bit for bit. A
+    (qmm.groups). The weights must pass ``can_group``. Outputs are those of separate products, bit for bit. A
     product size whose path has no group kernel (prompts on the pairs or AMX path), or arrays in another
     layout, runs the products one after another."""
     if not can_group(pws):
@@ -404,7 +404,7 @@ def bind_mul_mats(pws: Sequence[PackedWeight], x: np.ndarray, outs: Sequence[np.
 def _bound_products(pws: Sequence[PackedWeight], x: np.ndarray, outs: Sequence[np.ndarray], threads: int,
                     scratch: dict | None, x_source: Hashable | None) -> Callable[[], None]:
     """x quantized into the shared buffers (unless they hold it already), then its products by the weights pws
-    (one kind) into outs: on the tile and quads paths one call for all of them (_qmm_groups' drivers), else the
+    (one kind) into outs: on the tile and quads paths one call for all of them (qmm.groups' drivers), else the
     template's drivers, one product after another. Each call parallel or serial, whichever is faster now
     (thread_choice), where it is large enough for threads; its parallel driver is compiled on first try.
 
@@ -510,7 +510,7 @@ def _check_shapes(pw: PackedWeight, x: np.ndarray, out: np.ndarray) -> None:
 def quantize_activations(x: np.ndarray, vec_dot_type: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x (n, k) f32 -> the kernels' split form of ``vec_dot_type``: (values int16 (n, k), scales
     f32 per block, extra) with extra = int32 block sums (Q8_0), f32 d*sum (Q8_1), int32 sums of
-    16 (Q8_K). ``_qmm_act.*_to_ggml_bytes`` turn these into ggml's block bytes."""
+    16 (Q8_K). ``qmm.act.*_to_ggml_bytes`` turn these into ggml's block bytes."""
     n, k = x.shape
     xq = np.empty((n, k), np.int16)
     if vec_dot_type == "Q8_K":
