@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from ggflow.cli.args import int_at_least, port_number
-from ggflow.cli.common import backend_names
+from ggflow.cli.common import add_hub_option, backend_names, hub_model_path
 from ggflow.errors import GGFlowError
 from ggflow.process_heap import freeze_loaded_objects
 from ggflow.serving.limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_KEEP_ALIVE_S,
@@ -21,6 +21,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                                    description="OpenAI-compatible server with continuous batching over N slots.")
     parser.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    add_hub_option(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=8080, help="port (default 8080)")
     parser.add_argument("-np", "--parallel", type=int_at_least(1), default=4, help="slots: requests decoded together")
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     connection_limits = ConnectionLimits(max_header_bytes=args.max_header_bytes, max_headers=args.max_headers,
                                          header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
                                          max_connections=args.max_connections)
-    path = args.model or default_model_path()
+    path = hub_model_path(args) if args.hf_repo else args.model or default_model_path()
     if not os.path.isfile(path):
         raise GGFlowError(f"model file not found: {path}")
     if args.ray:
