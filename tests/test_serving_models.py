@@ -283,6 +283,22 @@ def test_load_route_refuses_bad_bodies(router, body, code):
             assert set(r.json()["error"]) >= {"message", "type", "code"}
 
 
+def test_hostile_bodies_get_4xx_before_any_model_loads(router):
+    with httpx.Client(base_url=router, timeout=TIMEOUT_S) as h:
+        def chunked():   # no Content-Length: the limit is met while the body is read
+            for _ in range(40):
+                yield b" " * 65536
+        r = h.post("/v1/completions", content=chunked())
+        assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+        r = complete(h, "x" * 100000)
+        assert r.status_code == 404 and len(r.json()["error"]["message"]) < 300
+        for body in (b"{not json", b"[]", b'{"model": 5, "prompt": "a"}', b'{"model": "llama", "prompt": 5}'):
+            r = h.post("/v1/completions", content=body)
+            assert r.status_code == 400, (body, r.text)
+        assert h.get("/props", params={"model": "nope"}).status_code == 404
+        assert set(status(h).values()) <= {"unloaded", "loaded"}
+
+
 def test_a_model_that_fails_to_load_is_a_503_naming_it(tmp_path):
     (tmp_path / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 64)
     pool = ModelPool(specs_from_dir(str(tmp_path)), defaults=ENGINE)

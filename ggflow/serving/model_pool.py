@@ -99,7 +99,8 @@ class ModelPool:
             raise GGFlowError(f"the request names no model; this server serves {', '.join(self.names)}: "
                               "set \"model\"")
         if name not in self.models:
-            raise UnknownModelError(f"model {name!r} not found; this server serves: {', '.join(self.names)}")
+            shown = repr(name) if len(name) <= 80 else repr(name[:77]) + "..."
+            raise UnknownModelError(f"model {shown} not found; this server serves: {', '.join(self.names)}")
         return self.models[name]
 
     # -- use -------------------------------------------------------------------------------------------------
