@@ -326,3 +326,56 @@ def test_sleeping_server_answers_read_only_routes_and_wakes_on_a_request(referen
         assert complete(h, None).json()["choices"][0]["text"] == reference["llama"]
         assert h.get("/props").json()["is_sleeping"] is False
         assert httpx.get(f"{url}/v1/models").status_code == 401   # the router's routes keep the API key
+
+
+# -- ggflow serve --models-dir / --models-config ---------------------------------------------------------------
+def serve_cli(*argv: str):
+    import subprocess
+    import sys
+
+    port = free_port()
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-m", "ggflow.cli", "serve", "--port", str(port), *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=repo)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def test_serve_models_dir_from_the_command_line(models_dir, reference):
+    import signal
+
+    proc, url = serve_cli("--models-dir", str(models_dir), "--models-max", "1", "-c", "256", "-np", "1", "-t", "1")
+    try:
+        with httpx.Client(base_url=url, timeout=TIMEOUT_S) as h:
+            def up():
+                try:
+                    return h.get("/health").status_code == 200
+                except httpx.TransportError:
+                    assert proc.poll() is None, proc.communicate()[1].decode()
+                    return False
+            deadline = time.monotonic() + 60
+            while not up():
+                assert time.monotonic() < deadline, "ggflow serve did not start"
+                time.sleep(0.2)
+            assert sorted(status(h)) == ["gpt2", "llama", "qwen"]
+            assert complete(h, "qwen").json()["choices"][0]["text"] == reference["qwen"]
+            assert complete(h, "llama").json()["choices"][0]["text"] == reference["llama"]
+            assert status(h) == {"gpt2": "unloaded", "llama": "loaded", "qwen": "unloaded"}   # --models-max 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models-dir", "D", "--models-config", "F"], "--models-dir and --models-config both name the models"),
+    (["--models-dir", "D", "-m", "x.gguf"], "-m/-hf name one model"),
+    (["--models-config", "/nonexistent/m.toml"], "No such file"),
+    (["--models-max", "0", "--models-dir", "D"], "--models-max: 0 is out of range"),
+    (["--sleep-idle-seconds", "-1"], "--sleep-idle-seconds: -1 is out of range"),
+])
+def test_serve_models_usage_errors_are_one_line(models_dir, argv, message):
+    argv = [str(models_dir) if a == "D" else a for a in argv]
+    proc, _ = serve_cli(*argv)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in err.decode()
+    assert message in err.decode()
