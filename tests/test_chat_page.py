@@ -162,3 +162,18 @@ def test_the_page_and_its_files_come_from_the_package_without_a_key(server):
         assert h.get("/v1/models").status_code == 401     # the API still needs the key
     for path in STATIC.iterdir():   # nothing from elsewhere: no CDN, no remote fonts
         assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", path.read_text()), path.name
+
+
+def test_a_refused_request_shows_the_servers_message(browser, server):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    open_page(browser, server)
+    key = browser.find_element(By.ID, "api-key")
+    key.clear()
+    key.send_keys("wrong-key")
+    browser.find_element(By.ID, "input").send_keys("Hello", Keys.ENTER)
+    error = browser.find_element(By.ID, "error")
+    wait_for(lambda: error.is_displayed() and "Invalid API Key" in error.text, timeout=30, what="the error")
+    assert not browser.find_elements(By.CSS_SELECTOR, ".message.assistant")   # no empty reply left behind
+    assert browser.find_element(By.ID, "send").is_enabled()

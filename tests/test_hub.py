@@ -182,8 +182,15 @@ def test_run_hf_downloads_with_a_progress_bar_and_generates(hub):
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in proc.stderr and "%|" in proc.stderr   # tqdm's bar
 
 
-def test_cli_hf_errors_are_one_line(hub):
-    proc = subprocess.run([sys.executable, "-m", "ggflow.cli", "run", "-hf", "me/tiny-GGUF:IQ1_S"],
+@pytest.mark.parametrize("argv, message", [
+    (["run", "-hf", "me/tiny-GGUF:IQ1_S"], "no GGUF model file named with 'IQ1_S'"),
+    (["serve", "-hf", "me/tiny-GGUF:IQ1_S"], "no GGUF model file named with 'IQ1_S'"),
+    (["serve", "-hf", "me/missing-GGUF"], "no repository 'me/missing-GGUF'"),
+    (["run", "-hf", "me/tiny-GGUF", "-m", "x.gguf"], "-m/--model and -hf/--hf-repo name two models"),
+    (["serve", "-hf", "tiny-GGUF"], "expected <user>/<model>[:quant]"),
+])
+def test_cli_hf_errors_are_one_line(hub, argv, message):
+    proc = subprocess.run([sys.executable, "-m", "ggflow.cli", *argv],
                           capture_output=True, text=True, cwd=REPO, env=hub_env(hub.url, hub.cache), timeout=300)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert "no GGUF model file named with 'IQ1_S'" in proc.stderr
+    assert message in proc.stderr

@@ -223,6 +223,8 @@ def test_v1_models_lists_every_model_with_its_status(router):
         data = h.get("/v1/models").json()["data"]
         assert [m["id"] for m in data] == ["gpt2", "llama", "qwen"]
         assert {m["status"]["value"] for m in data} == {"unloaded"}
+        assert h.get("/").status_code == 200 and h.get("/static/chat.js").status_code == 200
+        assert set(status(h).values()) == {"unloaded"}, "the chat page loaded a model"
     client = openai.OpenAI(base_url=f"{router}/v1", api_key="x", max_retries=0)
     assert sorted(m.id for m in client.models.list()) == ["gpt2", "llama", "qwen"]
 
@@ -372,6 +374,7 @@ def test_serve_models_dir_from_the_command_line(models_dir, reference):
     (["--models-config", "/nonexistent/m.toml"], "No such file"),
     (["--models-max", "0", "--models-dir", "D"], "--models-max: 0 is out of range"),
     (["--sleep-idle-seconds", "-1"], "--sleep-idle-seconds: -1 is out of range"),
+    (["--models-dir", "D", "--ray"], "--ray serves one model"),
 ])
 def test_serve_models_usage_errors_are_one_line(models_dir, argv, message):
     argv = [str(models_dir) if a == "D" else a for a in argv]

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     path = hub_model_path(args) if args.hf_repo else args.model or default_model_path()
     if not os.path.isfile(path):
         raise GGFlowError(f"model file not found: {path}")
-    if serve_models.wanted(args) and not args.ray:   # --sleep-idle-seconds on one model
+    if serve_models.wanted(args):   # --sleep-idle-seconds on one model
         return serve_models.run_pool(args, serve_models.build_pool(args, path), limits, connection_limits)
     if args.ray:
         from ggflow.serving.ray_serve import run_cli

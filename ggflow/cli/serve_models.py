@@ -50,6 +50,8 @@ def build_pool(args: argparse.Namespace, single_path: str | None):
     from ggflow.serving.model_config import ModelSpec, specs_from_config, specs_from_dir
     from ggflow.serving.model_pool import ModelPool
 
+    if args.ray:
+        raise GGFlowError("--ray serves one model: leave out --models-dir, --models-config and --sleep-idle-seconds")
     if args.models_dir and args.models_config:
         raise GGFlowError("--models-dir and --models-config both name the models: give one")
     if args.models_dir or args.models_config:
