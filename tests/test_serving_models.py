@@ -217,6 +217,23 @@ def test_idle_models_sleep_and_wake():
         pool.close()
 
 
+def test_an_unloaded_model_is_freed():
+    """Unloading drops the engine, its context (KV cache) and the weights: nothing keeps them alive."""
+    import gc
+    import weakref
+
+    spec = ModelSpec("gpt2", str(DATA / "models" / MODELS["gpt2"]))
+    pool = ModelPool([spec], defaults=ENGINE)
+    asyncio.run(pool.load("gpt2"))
+    engine = pool.models["gpt2"].engine
+    refs = [weakref.ref(engine), weakref.ref(engine.ctx), weakref.ref(engine.ctx.model)]
+    del engine
+    assert asyncio.run(pool.unload("gpt2"))
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    pool.close()
+
+
 # -- over HTTP ------------------------------------------------------------------------------------------------
 def test_v1_models_lists_every_model_with_its_status(router):
     with httpx.Client(base_url=router, timeout=TIMEOUT_S) as h:
