@@ -38,6 +38,13 @@ def hub(monkeypatch, tmp_path):
         yield fake
 
 
+@pytest.fixture(scope="module")
+def smol_tokens():
+    """The default model's greedy tokens for the prompt the tests use, loaded from its file."""
+    return LLM(default_model_path(), n_ctx=256, n_threads=1).generate("The capital of France is", 6,
+                                                                     temperature=0).tokens
+
+
 def gets(fake: FakeHub) -> list[tuple[str, str, str]]:
     return [r for r in fake.requests if r[0] == "GET" and "/resolve/" in r[1]]
 
@@ -140,13 +147,11 @@ def test_token_from_hf_token_reaches_a_private_repo(hub, monkeypatch):
 
 
 # -- LLM.from_pretrained (llama-cpp-python's signature) ------------------------------------------------------
-def test_from_pretrained_glob_generates_as_the_file_does(hub, tmp_path):
-    expected = LLM(default_model_path(), n_ctx=256, n_threads=1).generate("The capital of France is", 6,
-                                                                          temperature=0).tokens
+def test_from_pretrained_glob_generates_as_the_file_does(hub, tmp_path, smol_tokens):
     llm = LLM.from_pretrained("me/smol-GGUF", "*Q4_1.gguf", local_dir=str(tmp_path / "local"), n_ctx=256,
                               n_threads=1)
     assert llm.model_path == str(tmp_path / "local" / "SmolLM2-135M-Instruct.Q4_1.gguf")
-    assert llm.generate("The capital of France is", 6, temperature=0).tokens == expected
+    assert llm.generate("The capital of France is", 6, temperature=0).tokens == smol_tokens
 
 
 def test_from_pretrained_additional_files_fetch_the_other_shards(hub, tmp_path):
@@ -169,16 +174,14 @@ def test_from_pretrained_needs_exactly_one_match(hub, pattern, message):
 
 
 # -- the CLI ----------------------------------------------------------------------------------------------------
-def test_run_hf_downloads_with_a_progress_bar_and_generates(hub):
+def test_run_hf_downloads_with_a_progress_bar_and_generates(hub, smol_tokens):
     argv = ["run", "-hf", "me/smol-GGUF:q4_1", "-p", "The capital of France is", "-n", "6", "--temp", "0",
             "-c", "256", "-t", "1", "--json"]
     # tqdm draws no bar on a pipe; TQDM_POSITION=-1 is huggingface_hub's switch to draw it anyway
     proc = subprocess.run([sys.executable, "-m", "ggflow.cli", *argv], capture_output=True, text=True,
                           cwd=REPO, env={**hub_env(hub.url, hub.cache), "TQDM_POSITION": "-1"}, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    expected = LLM(default_model_path(), n_ctx=256, n_threads=1).generate("The capital of France is", 6,
-                                                                          temperature=0).tokens
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["tokens"] == expected
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["tokens"] == smol_tokens
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in proc.stderr and "%|" in proc.stderr   # tqdm's bar
 
 

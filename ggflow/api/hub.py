@@ -119,17 +119,16 @@ def repo_files(repo_id: str, revision: str = "main", token: Any = None, cache_di
     try:
         info = HfApi(endpoint=endpoint(), token=token).model_info(repo_id, revision=revision)
     except hf_errors.GatedRepoError as exc:
-        raise HubError(f"{repo_id} is gated: accept its terms on the Hub and set HF_TOKEN ({_first_line(exc)})") from None
+        raise HubError(f"{repo_id} is gated: accept its terms on the Hub and set HF_TOKEN "
+                       f"({_first_line(exc)})") from None
     except hf_errors.RepositoryNotFoundError:
         raise HubError(f"no repository {repo_id!r} on {endpoint()} (or it is private: set HF_TOKEN)") from None
     except hf_errors.RevisionNotFoundError:
         raise HubError(f"{repo_id} has no revision {revision!r}") from None
     except hf_errors.HfHubHTTPError as exc:
         raise HubError(f"the Hub refused the file list of {repo_id}: {_first_line(exc)}") from None
-    except OSError as exc:   # httpx's connect errors and timeouts are OSErrors' cousins; both land here or below
-        return _cached_or_unreachable(repo_id, revision, cache_dir, local_dir, exc)
-    except Exception as exc:   # noqa: BLE001 - httpx.TransportError (no network) is not an OSError
-        if type(exc).__module__.startswith("httpx"):
+    except Exception as exc:   # no network: httpx's TransportError (not an OSError), or an OSError
+        if isinstance(exc, OSError) or type(exc).__module__.startswith("httpx"):
             return _cached_or_unreachable(repo_id, revision, cache_dir, local_dir, exc)
         raise
     return sorted(s.rfilename for s in info.siblings or [])
