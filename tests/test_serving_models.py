@@ -359,26 +359,55 @@ def serve_cli(*argv: str):
     return proc, f"http://127.0.0.1:{port}"
 
 
+def wait_up(proc, h: httpx.Client) -> None:
+    def up():
+        try:
+            return h.get("/health").status_code == 200
+        except httpx.TransportError:
+            assert proc.poll() is None, proc.communicate()[1].decode()
+            return False
+    deadline = time.monotonic() + 60
+    while not up():
+        assert time.monotonic() < deadline, "ggflow serve did not start"
+        time.sleep(0.2)
+
+
 def test_serve_models_dir_from_the_command_line(models_dir, reference):
     import signal
 
     proc, url = serve_cli("--models-dir", str(models_dir), "--models-max", "1", "-c", "256", "-np", "1", "-t", "1")
     try:
         with httpx.Client(base_url=url, timeout=TIMEOUT_S) as h:
-            def up():
-                try:
-                    return h.get("/health").status_code == 200
-                except httpx.TransportError:
-                    assert proc.poll() is None, proc.communicate()[1].decode()
-                    return False
-            deadline = time.monotonic() + 60
-            while not up():
-                assert time.monotonic() < deadline, "ggflow serve did not start"
-                time.sleep(0.2)
+            wait_up(proc, h)
             assert sorted(status(h)) == ["gpt2", "llama", "qwen"]
             assert complete(h, "qwen").json()["choices"][0]["text"] == reference["qwen"]
             assert complete(h, "llama").json()["choices"][0]["text"] == reference["llama"]
             assert status(h) == {"gpt2": "unloaded", "llama": "loaded", "qwen": "unloaded"}   # --models-max 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+
+
+def test_serve_one_model_that_sleeps_from_the_command_line(reference):
+    """-m with --sleep-idle-seconds: loaded at start, asleep when idle, woken by the next request."""
+    import signal
+
+    proc, url = serve_cli("-m", str(DATA / "models" / MODELS["llama"]), "--alias", "tiny", "--sleep-idle-seconds",
+                          "1", "-c", "256", "-np", "1", "-t", "1")
+    try:
+        with httpx.Client(base_url=url, timeout=TIMEOUT_S) as h:
+            wait_up(proc, h)
+            deadline = time.monotonic() + 60
+            seen = set()
+            while "sleeping" not in seen:       # loaded at start, then asleep after a second of no use
+                seen.add(status(h)["tiny"])
+                assert time.monotonic() < deadline, f"no sleep; statuses seen: {seen}"
+                time.sleep(0.05)
+            assert "loaded" in seen or "loading" in seen
+            assert h.get("/props").json()["is_sleeping"] is True
+            assert complete(h, "any-name").json()["choices"][0]["text"] == reference["llama"]
+            assert h.get("/props").json()["is_sleeping"] is False
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
