@@ -48,11 +48,13 @@ class LoadedModel:
     def name(self) -> str:
         return self.spec.name
 
-    def chat_template(self) -> Any:
+    def chat_template(self, engine: Any) -> Any:
+        """The model's chat template (read from ``engine``, the one a request holds: an unload may have cleared
+        ``self.engine`` meanwhile)."""
         if self._template is None:
             from ggflow.core.chat_template import ChatTemplate
 
-            model = self.engine.ctx.model
+            model = engine.ctx.model
             self._template = ChatTemplate.for_vocab(model.metadata.get("tokenizer.chat_template"), model.vocab)
         return self._template
 
@@ -187,7 +189,7 @@ class ModelPool:
 
     def _stop(self, entry: LoadedModel, engine: Any) -> None:
         engine.stop(drain=True)
-        entry._template = None
+        entry._template = None   # it holds the vocabulary: an unloaded model keeps nothing
         log.warning("model unloaded: %s", entry.name)
 
     def start_sleeper(self) -> None:

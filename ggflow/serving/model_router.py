@@ -64,8 +64,8 @@ class RouterState(ServerState):
         return entry.engine
 
     def chat_template(self) -> Any:
-        self.ready()
-        return _current.get().chat_template()
+        engine = self.ready()
+        return _current.get().chat_template(engine)
 
 
 class _ModelBody(BaseModel):
@@ -120,7 +120,7 @@ def install_router(app: FastAPI, state: RouterState, pool: ModelPool) -> None:
         engine = entry.engine
         if engine is not None:
             props.update(total_slots=len(engine.slots), n_ctx=engine.n_ctx, n_batch=engine.n_batch,
-                         max_queue=engine.max_queue, chat_template=entry.chat_template().source)
+                         max_queue=engine.max_queue, chat_template=entry.chat_template(engine).source)
         return props
 
     for exc_type, status, kind in _REFUSALS[:3]:
