@@ -315,7 +315,11 @@ def test_hostile_bodies_get_4xx_before_any_model_loads(router):
             r = h.post("/v1/completions", content=body)
             assert r.status_code == 400, (body, r.text)
         assert h.get("/props", params={"model": "nope"}).status_code == 404
-        assert set(status(h).values()) <= {"unloaded", "loaded"}
+        assert h.post("/v1/no-such-route", json={"model": "llama"}).status_code == 404
+        assert h.get("/v1/completions", params={"model": "llama"}).status_code == 405
+        assert status(h)["gpt2"] == "unloaded"
+        assert h.post("/v1/no-such-route", json={"model": "gpt2"}).status_code == 404
+        assert status(h)["gpt2"] == "unloaded", "a request no route takes loaded a model"
 
 
 def test_a_model_that_fails_to_load_is_a_503_naming_it(tmp_path):

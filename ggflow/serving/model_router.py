@@ -84,7 +84,7 @@ def install_router(app: FastAPI, state: RouterState, pool: ModelPool) -> None:
     from starlette.middleware import Middleware
 
     state.pool = pool
-    app.user_middleware.append(Middleware(ModelRouting, pool=pool))   # innermost: inside BodyLimits
+    app.user_middleware.append(Middleware(ModelRouting, pool=pool, routes=app.router.routes))   # inside BodyLimits
     n_routes = len(app.router.routes)
 
     @app.get("/health")
@@ -139,11 +139,11 @@ def _refusal_handler(status: int, kind: str):
 class ModelRouting:
     """ASGI middleware: the request's model, acquired for as long as the request runs."""
 
-    def __init__(self, app: Any, pool: ModelPool):
-        self.app, self.pool = app, pool
+    def __init__(self, app: Any, pool: ModelPool, routes: list):
+        self.app, self.pool, self.routes = app, pool, routes
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or _free(scope):
+        if scope["type"] != "http" or _free(scope) or not self._routed(scope):
             return await self._peek(scope, receive, send)
         try:
             receive, name = await _model_of(scope, receive)
@@ -160,6 +160,12 @@ class ModelRouting:
         finally:
             _current.reset(token)
             self.pool.release(entry)
+
+    def _routed(self, scope: dict) -> bool:
+        """Whether a route takes this request (a 404 or 405 needs no model, and wakes none)."""
+        from starlette.routing import Match
+
+        return any(route.matches(scope)[0] == Match.FULL for route in self.routes)
 
     async def _peek(self, scope: dict, receive: Any, send: Any) -> None:
         """A route that must not wake a model sees it only when it is loaded."""
