@@ -88,6 +88,16 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, 
         self._engine = Engine(self.context, n_slots=1, max_queue=1, context_shift=self.context_shift,
                               n_keep=self.n_keep)
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None, additional_files: list[str] | None = None,
+                        local_dir: Any = None, local_dir_use_symlinks: Any = "auto", cache_dir: Any = None,
+                        **kwargs: Any) -> "LLM":
+        """A GGUF file of a Hugging Face Hub repository (llama-cpp-python's signature; ggflow/api/hub.py)."""
+        from ggflow.api.hub import from_pretrained
+
+        return from_pretrained(cls, repo_id, filename, additional_files, local_dir, local_dir_use_symlinks,
+                               cache_dir, **kwargs)
+
     # -- the cache of sequence 0: the tokens whose K/V it holds, and how many a new prompt may reuse ----------
     @property
     def _cached(self) -> list[int]:

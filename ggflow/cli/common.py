@@ -12,6 +12,7 @@ KV_TYPES = ("F16", "F32")
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    add_hub_option(parser)
     parser.add_argument("-c", "--ctx-size", type=int_at_least(0, "0: the model's training context"), default=2048,
                         help="context size in tokens; 0: the model's training context (default 2048)")
     parser.add_argument("-t", "--threads", type=int_at_least(1), default=None, help="CPU threads (default: all cores)")
@@ -70,7 +71,24 @@ def backend_names(spec: str) -> "str | list[str]":
 def model_path(args: argparse.Namespace) -> str:
     from ggflow.api import default_model_path
 
+    if getattr(args, "hf_repo", None):
+        return hub_model_path(args)
     return model_file(args.model) if args.model else default_model_path()
+
+
+def add_hub_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-hf", "-hfr", "--hf-repo", default=None, metavar="USER/MODEL[:QUANT]",
+                        help="a GGUF from the Hugging Face Hub, as llama.cpp's -hf: the file whose name has QUANT "
+                             "(default Q4_K_M, then Q8_0, then the first); cached by huggingface_hub ($HF_TOKEN, "
+                             "$HF_ENDPOINT, $HF_HUB_OFFLINE apply)")
+
+
+def hub_model_path(args: argparse.Namespace) -> str:
+    from ggflow.api.hub import resolve_hf
+
+    if getattr(args, "model", None):
+        raise UsageError("-m/--model and -hf/--hf-repo name two models: give one")
+    return resolve_hf(args.hf_repo)
 
 
 def context_size(path: str, requested: int, type_k: str, type_v: str) -> int:

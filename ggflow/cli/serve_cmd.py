@@ -9,7 +9,8 @@ import threading
 from typing import Any
 
 from ggflow.cli.args import int_at_least, port_number
-from ggflow.cli.common import backend_names
+from ggflow.cli import serve_models
+from ggflow.cli.common import add_hub_option, backend_names, hub_model_path
 from ggflow.errors import GGFlowError
 from ggflow.process_heap import freeze_loaded_objects
 from ggflow.serving.limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_KEEP_ALIVE_S,
@@ -21,6 +22,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                                    description="OpenAI-compatible server with continuous batching over N slots.")
     parser.add_argument("-m", "--model", help="GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    add_hub_option(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=8080, help="port (default 8080)")
     parser.add_argument("-np", "--parallel", type=int_at_least(1), default=4, help="slots: requests decoded together")
@@ -67,6 +69,7 @@ def add_parser(subparsers: Any) -> None:
     conns.add_argument("--max-connections", type=int_at_least(1), default=DEFAULT_MAX_CONNECTIONS,
                        help=f"open connections at once; more get 503 and are closed (default {DEFAULT_MAX_CONNECTIONS})")
     parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
+    serve_models.add_options(parser)
     ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve as Ray Serve replicas with prefix-aware routing")
     ray.add_argument("--replicas", type=int, default=1, help="model replicas, each with -np slots (default 1)")
@@ -96,9 +99,13 @@ def run(args: argparse.Namespace) -> int:
     connection_limits = ConnectionLimits(max_header_bytes=args.max_header_bytes, max_headers=args.max_headers,
                                          header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
                                          max_connections=args.max_connections)
-    path = args.model or default_model_path()
+    if args.models_dir or args.models_config:
+        return serve_models.run_pool(args, serve_models.build_pool(args, None), limits, connection_limits)
+    path = hub_model_path(args) if args.hf_repo else args.model or default_model_path()
     if not os.path.isfile(path):
         raise GGFlowError(f"model file not found: {path}")
+    if serve_models.wanted(args):   # --sleep-idle-seconds on one model
+        return serve_models.run_pool(args, serve_models.build_pool(args, path), limits, connection_limits)
     if args.ray:
         from ggflow.serving.ray_serve import run_cli
         return run_cli(args, path, backend_names(args.backend))

@@ -26,6 +26,7 @@ from ggflow.core.sampling import SamplingParams
 from ggflow.errors import GGFlowError
 from ggflow.structured.chat_tools import ToolCalling
 from ggflow.serving.chat import chat_prompt_tokens
+from ggflow.serving.chat_page import add_chat_page
 from ggflow.serving.engine import Engine
 from ggflow.serving.embeddings import embed_tokens
 from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, DetokenizeBody, EmbeddingBody,
@@ -194,6 +195,7 @@ def create_app(state: ServerState) -> FastAPI:
                               grammar=grammar, tools=tools)
 
     add_rerank_routes(app, state, _parse)
+    add_chat_page(app)
     return app
 
 
