@@ -10,6 +10,7 @@ from typing import Any
 
 from ggflow.cli.args import int_at_least, port_number
 from ggflow.cli.common import backend_names
+from ggflow.cli.speculative_args import add_speculative_arguments, check_speculative_args, drafter_from_args
 from ggflow.errors import GGFlowError
 from ggflow.process_heap import freeze_loaded_objects
 from ggflow.serving.limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_KEEP_ALIVE_S,
@@ -66,6 +67,7 @@ def add_parser(subparsers: Any) -> None:
                        help=f"seconds an idle keep-alive connection stays open (default {DEFAULT_KEEP_ALIVE_S:g})")
     conns.add_argument("--max-connections", type=int_at_least(1), default=DEFAULT_MAX_CONNECTIONS,
                        help=f"open connections at once; more get 503 and are closed (default {DEFAULT_MAX_CONNECTIONS})")
+    add_speculative_arguments(parser)
     parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
     ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve as Ray Serve replicas with prefix-aware routing")
@@ -96,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     connection_limits = ConnectionLimits(max_header_bytes=args.max_header_bytes, max_headers=args.max_headers,
                                          header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
                                          max_connections=args.max_connections)
+    check_speculative_args(args)
     path = args.model or default_model_path()
     if not os.path.isfile(path):
         raise GGFlowError(f"model file not found: {path}")
@@ -112,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
                                  type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper(),
                                  context_shift=args.context_shift, n_keep=args.keep)
             modes.check_model(engine.ctx.model)
+            engine.drafter = drafter_from_args(args, engine.ctx, backend_names(args.backend))
             freeze_loaded_objects()
             engine.start()
             state.engine = engine
