@@ -54,6 +54,8 @@ def check_speculative_args(args: argparse.Namespace) -> str:
         raise UsageError(f"-md/--model-draft {args.model_draft!r} is unused with --spec-type {kind}")
     if args.model_draft:
         existing_file(args.model_draft, "-md/--model-draft")
+    if kind != "none" and getattr(args, "ray", False):
+        raise UsageError("--ray replicas do not speculate yet: leave out --spec-type / --model-draft with --ray")
     if args.draft_max is not None and args.draft_max > MAX_DRAFT:
         raise UsageError(f"--draft-max {args.draft_max} is out of range; accepted: an integer in [1, {MAX_DRAFT}]")
     n_max = args.draft_max or DRAFT_DEFAULT_MAX
