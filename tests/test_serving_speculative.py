@@ -121,6 +121,8 @@ def _spec_metrics(served) -> dict[str, float]:
     (["--draft-max", "0"], "--draft-max"), (["--draft-max", "5000"], "[1, 1024]"),
     (["--draft-p-min", "1.5"], "--draft-p-min"), (["--spec-type", "draft-simple"], "needs a draft model"),
     (["-md", "/no/such/draft.gguf"], "no such file"), (["--spec-type", "bogus"], "invalid choice"),
+    (["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "2000"], "--spec-ngram-simple-size-m"),
+    (["--spec-type", "ngram", "--ray"], "--ray"),
 ])
 def test_serve_refuses_bad_speculative_options(argv, expected, capsys):
     from ggflow.cli import main

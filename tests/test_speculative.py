@@ -252,3 +252,45 @@ def test_a_draft_model_that_is_neither_path_nor_drafter_is_refused(value):
 def test_draft_model_is_an_accepted_llm_option():
     with pytest.raises(GGFlowError, match="draft_model"):   # the refusal of unknown options lists it
         ggflow.LLM(str(TINY_Q8), n_ctx=64, no_such_option=1)
+
+
+# -- llama.cpp's ngram-simple, against a transcription of common_ngram_simple_draft's loops ---------------
+def _llama_cpp_ngram_simple(tokens: list[int], sampled: int, size_n: int, size_m: int) -> list[int]:
+    cur_len = len(tokens)
+    if cur_len <= size_n + size_m + 1:
+        return []
+    pattern = tokens[cur_len - size_n + 1:] + [sampled]
+    match_pos = 0
+    for j in range(cur_len - size_n - 1, 0, -1):
+        if tokens[j: j + size_n] == pattern:
+            match_pos = j
+            break
+    if match_pos == 0:
+        return []
+    copy_max = min(size_m, cur_len - (match_pos + size_n))
+    return [] if copy_max < size_n else tokens[match_pos + size_n: match_pos + size_n + copy_max]
+
+
+@pytest.mark.parametrize("size_n,size_m", [(1, 3), (2, 4), (3, 8), (12, 48)])
+def test_ngram_simple_drafts_what_llama_cpp_drafts(size_n, size_m):
+    from ggflow.generation.speculative import NgramSimple
+
+    rng = np.random.default_rng(size_n * 100 + size_m)
+    drafter = NgramSimple(size_n, size_m)
+    n_drafted = 0
+    for _ in range(300):
+        ids = [int(t) for t in rng.integers(0, 4, rng.integers(2, 120))]   # 4 symbols: many repeats
+        got = list(drafter(np.asarray(ids, np.intc)))
+        assert got == _llama_cpp_ngram_simple(ids[:-1], ids[-1], size_n, size_m), ids
+        n_drafted += bool(got)
+    assert n_drafted > 0 or size_n == 12
+
+
+@needs_model
+def test_greedy_ngram_simple_is_token_identical(plain):
+    from ggflow.generation.speculative import NgramSimple
+
+    llm = ggflow.LLM(n_ctx=1024, draft_model=NgramSimple(size_n=3, size_m=16))
+    a = plain.generate(EDIT, max_tokens=N_TOKENS, temperature=0)
+    b = llm.generate(EDIT, max_tokens=N_TOKENS, temperature=0)
+    assert b.tokens == a.tokens and b.timings.draft_n_accepted > 0

@@ -11,7 +11,7 @@ grammar in it) only ever accepts tokens it sampled; a stop string, end-of-genera
 accepted run ends the generation there. The rejected positions are then removed from the KV cache (seq_rm).
 
 Drafters (``Drafter``): ``LlamaPromptLookupDecoding`` (llama-cpp-python's prompt lookup: the continuation of
-the earliest earlier occurrence of the last n-gram), any llama-cpp-python ``LlamaDraftModel``-shaped callable
+the earliest earlier occurrence of the last n-gram), ``NgramSimple`` (llama.cpp's ngram-simple), any llama-cpp-python ``LlamaDraftModel``-shaped callable
 ``input_ids -> draft ids``, and a small model with its own KV cache (draft_model.py).
 """
 from __future__ import annotations
@@ -79,6 +79,30 @@ class LlamaPromptLookupDecoding(LlamaDraftModel):
 
     def __call__(self, input_ids: npt.NDArray[np.intc], /, **kwargs: Any) -> npt.NDArray[np.intc]:
         return self.find_candidate_pred_tokens(input_ids, self.max_ngram_size, self.num_pred_tokens)
+
+
+class NgramSimple(LlamaDraftModel):
+    """llama.cpp's ngram-simple (common_ngram_simple_draft): the last ``size_n`` tokens (the sampled one
+    last) are looked up backwards in the context before them, and up to ``size_m`` tokens that followed
+    the most recent occurrence are the draft (none if fewer than ``size_n`` follow)."""
+
+    def __init__(self, size_n: int = 12, size_m: int = 48):
+        self.size_n = check_range("size_n", size_n, 1, MAX_DRAFT)
+        self.size_m = check_range("size_m", size_m, 1, MAX_DRAFT)
+
+    def __call__(self, input_ids: npt.NDArray[np.intc], /, **kwargs: Any) -> npt.NDArray[np.intc]:
+        ids = np.asarray(input_ids)
+        tokens, n = ids[:-1], len(ids) - 1       # llama.cpp's "tokens" leave the sampled token out
+        if n <= self.size_n + self.size_m + 1:
+            return np.array([], dtype=np.intc)
+        pattern = ids[-self.size_n:]
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: n - 1], (self.size_n,))
+        found = np.flatnonzero(np.all(windows[1:] == pattern, axis=1)) + 1   # position 0 means "no match"
+        if not len(found):
+            return np.array([], dtype=np.intc)
+        start = int(found[-1]) + self.size_n
+        copy = min(self.size_m, n - start)
+        return tokens[start: start + copy] if copy >= self.size_n else np.array([], dtype=np.intc)
 
 
 class CallableDrafter(Drafter):
