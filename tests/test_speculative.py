@@ -294,3 +294,38 @@ def test_greedy_ngram_simple_is_token_identical(plain):
     a = plain.generate(EDIT, max_tokens=N_TOKENS, temperature=0)
     b = llm.generate(EDIT, max_tokens=N_TOKENS, temperature=0)
     assert b.tokens == a.tokens and b.timings.draft_n_accepted > 0
+
+
+@needs_tiny
+def test_a_shifting_context_with_drafts_gives_the_plain_tokens():
+    """context_shift: drafts never pass the end of the context, and after a shift the drafter (a draft model
+    re-syncing its own cache) goes on from the shifted tokens."""
+    prompt = "a b c a b c a b c"
+    plain = ggflow.LLM(str(TINY_Q8), n_ctx=48, n_threads=1, context_shift=True, n_keep=2)
+    spec = ggflow.LLM(str(TINY_Q8), n_ctx=48, n_threads=1, context_shift=True, n_keep=2, draft_model=str(TINY_Q4))
+    a = plain.generate(prompt, max_tokens=100, temperature=0)
+    b = spec.generate(prompt, max_tokens=100, temperature=0)
+    assert b.tokens == a.tokens and len(b.tokens) == 100 and b.n_context_shifts == a.n_context_shifts >= 2
+    assert b.timings.draft_n > 0
+
+
+@needs_tiny
+def test_sibling_choices_speculate_like_plain_ones():
+    model = Model.load(str(TINY_Q8))
+    prompt = model.vocab.tokenize("the rain in spain")
+
+    def run(drafter):
+        engine = Engine(Context(model, n_ctx=256, n_threads=1), n_slots=3)
+        engine.drafter = drafter
+        done: dict[int, Done] = {}
+        siblings = [Request(prompt, lambda ev, i=i: done.__setitem__(i, ev) if isinstance(ev, Done) else None,
+                            max_tokens=20, sampling=SamplingParams(temperature=0.9, seed=i)) for i in (1, 2)]
+        engine.submit(Request(prompt, lambda ev: done.__setitem__(0, ev) if isinstance(ev, Done) else None,
+                              max_tokens=20, sampling=SamplingParams(temperature=0.9, seed=0), siblings=siblings))
+        engine.run_until_idle(timeout=300)
+        return [done[i].completion for i in range(3)]
+
+    plain = run(None)
+    spec = run(CallableDrafter(lambda ids: np.asarray(ids[-4:]), model.vocab.n_vocab))   # repeat the last 4
+    assert [c.tokens for c in spec] == [c.tokens for c in plain]
+    assert len({tuple(c.tokens) for c in plain}) > 1 and all(c.timings.draft_n > 0 for c in spec)
