@@ -329,3 +329,22 @@ def test_sibling_choices_speculate_like_plain_ones():
     spec = run(CallableDrafter(lambda ids: np.asarray(ids[-4:]), model.vocab.n_vocab))   # repeat the last 4
     assert [c.tokens for c in spec] == [c.tokens for c in plain]
     assert len({tuple(c.tokens) for c in plain}) > 1 and all(c.timings.draft_n > 0 for c in spec)
+
+
+@needs_tiny
+def test_a_draft_model_drafts_its_own_greedy_continuation_within_its_limits():
+    from ggflow.generation.speculative import DraftRequest
+
+    tokens = ggflow.LLM(str(TINY_Q4), n_ctx=128, n_threads=1).tokenize(b"the rain in spain")
+    reference = ggflow.LLM(str(TINY_Q4), n_ctx=128, n_threads=1).generate(tokens, max_tokens=6, temperature=0).tokens
+    ctx = Context(Model.load(str(TINY_Q4)), n_ctx=128, n_threads=1)
+    drafter = DraftModelDrafter(ctx, ctx.model.vocab.n_vocab, n_max=6)
+    other = tokens[:-1] + [reference[0]]          # a second sequence drafting in the same batches
+    first, second = drafter.draft([DraftRequest(3, tokens, 6), DraftRequest(5, other, 2)])
+    assert first == reference and len(second) == 2
+    # the cache follows: a later call for the same sequence evaluates only what changed
+    assert drafter.draft([DraftRequest(3, tokens + reference[:2], 4)]) == [reference[2:6]]
+    assert DraftModelDrafter(ctx, ctx.model.vocab.n_vocab, n_max=6, n_min=6).draft(
+        [DraftRequest(7, tokens, 3)]) == [[]]                       # shorter than n_min: dropped
+    assert DraftModelDrafter(ctx, ctx.model.vocab.n_vocab, n_max=6, p_min=1.0).draft(
+        [DraftRequest(9, tokens, 6)]) == [[]]                       # no token is that sure

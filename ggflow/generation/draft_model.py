@@ -60,10 +60,11 @@ class DraftModelDrafter(Drafter):
         self.cached: dict[int, list[int]] = {}   # per sequence: the tokens the draft KV cache holds
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
-        requests = [r for r in requests if len(r.tokens) < self.ctx.n_ctx]   # the draft context has room
-        drafts: dict[int, list[int]] = {r.seq_id: [] for r in requests}
+        asked = list(requests)
+        requests = [r for r in asked if len(r.tokens) < self.ctx.n_ctx]   # the draft context has room
+        drafts: dict[int, list[int]] = {r.seq_id: [] for r in asked}
         if not requests or not self._catch_up(requests):
-            return [drafts.get(r.seq_id, []) for r in requests]
+            return [[] for _ in asked]
         active = {r.seq_id: r for r in requests}
         rows = {r.seq_id: i for i, r in enumerate(requests)}   # output row of each sequence's last token
         while active:
@@ -82,7 +83,7 @@ class DraftModelDrafter(Drafter):
             if not step or not self._decode(step):
                 break
             rows = {seq_id: i for i, (seq_id, _, _) in enumerate(step)}
-        return [d if len(d) >= self.n_min else [] for d in (drafts[r.seq_id] for r in requests)]
+        return [d if len(d) >= self.n_min else [] for d in (drafts[r.seq_id] for r in asked)]
 
     def _catch_up(self, requests: Sequence[DraftRequest]) -> bool:
         """Bring each sequence's draft cache to its tokens, evaluating the last one for its logits."""
