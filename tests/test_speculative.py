@@ -243,6 +243,17 @@ def test_draft_options_out_of_range_are_argument_errors(options, name):
 
 
 @needs_tiny
+def test_draft_model_settings_travel_with_the_path():
+    from ggflow.generation.draft_model import DraftModel
+
+    llm = ggflow.LLM(str(TINY_Q8), n_ctx=64, n_threads=1, draft_model=DraftModel(TINY_Q4, n_max=7, n_min=2, p_min=0.5))
+    drafter = llm._engine.drafter
+    assert (drafter.n_max, drafter.n_min, drafter.p_min) == (7, 2, 0.5)
+    with pytest.raises(ArgumentError, match="draft_max"):
+        ggflow.LLM(str(TINY_Q8), n_ctx=64, n_threads=1, draft_model=DraftModel(TINY_Q4, n_max=0))
+
+
+@needs_tiny
 @pytest.mark.parametrize("value", [42, "/no/such/draft.gguf"])
 def test_a_draft_model_that_is_neither_path_nor_drafter_is_refused(value):
     with pytest.raises(ArgumentError, match="draft_model"):

@@ -10,6 +10,7 @@ than ``n_min`` is dropped. Vocabularies are checked as llama.cpp's common_specul
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -160,8 +161,21 @@ def load_draft_model(path: "str | os.PathLike", target_context: Any, *, n_max: i
     return DraftModelDrafter(ctx, target.vocab.n_vocab, n_max, n_min, p_min)
 
 
+@dataclass(frozen=True)
+class DraftModel:
+    """``LLM(draft_model=DraftModel("small.gguf", n_max=8))``: a draft model with its settings, loaded with the
+    LLM (a bare path uses the defaults, llama.cpp's: 3, 0, 0.0)."""
+    path: "str | os.PathLike"
+    n_max: int = 3
+    n_min: int = 0
+    p_min: float = 0.0
+
+
 def drafter_for(draft_model: Any, target_context: Any, **load_options: Any) -> Drafter | None:
-    """``LLM(draft_model=...)``: a GGUF path (a draft model), a prompt-lookup or other drafter, or None."""
+    """``LLM(draft_model=...)``: a GGUF path or a DraftModel, a prompt-lookup or other drafter, or None."""
     if isinstance(draft_model, (str, os.PathLike)):
         return load_draft_model(draft_model, target_context, **load_options)
+    if isinstance(draft_model, DraftModel):
+        return load_draft_model(draft_model.path, target_context, n_max=draft_model.n_max, n_min=draft_model.n_min,
+                                p_min=draft_model.p_min, **load_options)
     return as_drafter(draft_model, target_context.model.vocab.n_vocab)

@@ -134,7 +134,7 @@ def as_drafter(draft_model: Any, n_vocab: int) -> Drafter | None:
         return draft_model
     if callable(draft_model):
         return CallableDrafter(draft_model, n_vocab)
-    raise ArgumentError("draft_model", draft_model, "a path to a GGUF draft model, a LlamaPromptLookupDecoding, or "
+    raise ArgumentError("draft_model", draft_model, "a path to a GGUF draft model (or a draft_model.DraftModel), a LlamaPromptLookupDecoding, or "
                         "a callable input_ids -> draft token ids (llama-cpp-python's LlamaDraftModel)")
 
 
