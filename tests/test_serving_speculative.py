@@ -103,7 +103,8 @@ def test_metrics_count_drafts_and_acceptances(served):
     before = _spec_metrics(served)
     t = complete(served)["timings"]
     after = _spec_metrics(served)
-    assert after["llamacpp:spec_decode_num_draft_tokens"] - before["llamacpp:spec_decode_num_draft_tokens"] == t["draft_n"]
+    drafted = "llamacpp:spec_decode_num_draft_tokens"
+    assert after[drafted] - before[drafted] == t["draft_n"]
     assert (after["llamacpp:spec_decode_num_accepted_tokens"] - before["llamacpp:spec_decode_num_accepted_tokens"]
             == t["draft_n_accepted"])
     assert after["llamacpp:spec_decode_num_drafts"] > before["llamacpp:spec_decode_num_drafts"]

@@ -11,8 +11,9 @@ grammar in it) only ever accepts tokens it sampled; a stop string, end-of-genera
 accepted run ends the generation there. The rejected positions are then removed from the KV cache (seq_rm).
 
 Drafters (``Drafter``): ``LlamaPromptLookupDecoding`` (llama-cpp-python's prompt lookup: the continuation of
-the earliest earlier occurrence of the last n-gram), ``NgramSimple`` (llama.cpp's ngram-simple), any llama-cpp-python ``LlamaDraftModel``-shaped callable
-``input_ids -> draft ids``, and a small model with its own KV cache (draft_model.py).
+the earliest earlier occurrence of the last n-gram), ``NgramSimple`` (llama.cpp's ngram-simple), any
+llama-cpp-python ``LlamaDraftModel``-shaped callable ``input_ids -> draft ids``, and a small model with its own
+KV cache (draft_model.py).
 """
 from __future__ import annotations
 
@@ -134,8 +135,9 @@ def as_drafter(draft_model: Any, n_vocab: int) -> Drafter | None:
         return draft_model
     if callable(draft_model):
         return CallableDrafter(draft_model, n_vocab)
-    raise ArgumentError("draft_model", draft_model, "a path to a GGUF draft model (or a draft_model.DraftModel), a LlamaPromptLookupDecoding, or "
-                        "a callable input_ids -> draft token ids (llama-cpp-python's LlamaDraftModel)")
+    raise ArgumentError("draft_model", draft_model, "a path to a GGUF draft model (or a draft_model.DraftModel), "
+                        "a LlamaPromptLookupDecoding, or a callable input_ids -> draft token ids (llama-cpp-python's "
+                        "LlamaDraftModel)")
 
 
 # -- the engine's side --------------------------------------------------------------------------------
