@@ -359,3 +359,21 @@ def test_a_draft_model_drafts_its_own_greedy_continuation_within_its_limits():
         [DraftRequest(7, tokens, 3)]) == [[]]                       # shorter than n_min: dropped
     assert DraftModelDrafter(ctx, ctx.model.vocab.n_vocab, n_max=6, p_min=1.0).draft(
         [DraftRequest(9, tokens, 6)]) == [[]]                       # no token is that sure
+
+
+@pytest.mark.parametrize("swa_full", [False, True])
+def test_a_window_cache_smaller_than_the_context_does_not_speculate(tiny_model_path, swa_full):
+    """Rejected drafts could not always be removed from it (their writes may evict cells the window needs
+    back); with swa_full the window cache has every cell and speculation goes on, with the plain output.
+    (The window cache has 256 cells at least: a context of 512 is larger.)"""
+    from tests.test_kv_cache_iswa import _model
+
+    model = _model(tiny_model_path("llama"), "iswa", swa_full=swa_full)
+    prompt = model.vocab.tokenize("a b c a b c a b c a b c")
+    greedy = SamplingParams(temperature=0)
+    plain = _run(Engine(Context(model, n_ctx=512, n_ubatch=16, n_threads=1), n_slots=1), [prompt], greedy, 30)[0]
+    engine = Engine(Context(model, n_ctx=512, n_ubatch=16, n_threads=1), n_slots=1)
+    engine.drafter = CallableDrafter(lambda ids: np.asarray(ids[-4:]), model.vocab.n_vocab)
+    (spec,) = _run(engine, [prompt], greedy, 30)
+    assert spec.tokens == plain.tokens
+    assert (spec.timings.draft_n > 0) == swa_full

@@ -40,7 +40,7 @@ from ggflow.generation.metrics import EngineMetrics
 from ggflow.generation.records import Timings
 from ggflow.generation.request import EngineStoppedError, PromptTooLongError, QueueFullError, Request
 from ggflow.generation.slot import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, Slot, SlotState
-from ggflow.generation.speculative import add_drafts, take_drafted
+from ggflow.generation.speculative import add_drafts, can_roll_back, take_drafted
 
 log = logging.getLogger(__name__)
 DECODE_NO_KV_SLOT = 1
@@ -301,7 +301,7 @@ class Engine:
             # prompt chunks leave room for the generating slots' next tokens, so a long prompt arriving
             # late waits instead of filling the cache and forcing a running slot to finish
             budget = min(self.n_batch - len(generating), free - 2 * len(generating))
-            if self.drafter is not None and generating:
+            if self.drafter is not None and generating and can_roll_back(self.ctx.memory):
                 budget -= add_drafts(self.drafter, entries, budget, self.n_ctx)
             for s in busy:
                 if s.state is SlotState.PROMPT and budget > 0:
@@ -400,7 +400,8 @@ class Engine:
             self._record_finished(slot.finish(FINISH_ERROR, error=f"{type(exc).__name__}: {exc}",
                                               exception=exc).timings)
             return
-        self.ctx.memory.seq_rm(slot.seq_id, len(slot.cache_tokens), -1)
+        if not self.ctx.memory.seq_rm(slot.seq_id, len(slot.cache_tokens), -1):
+            raise GGFlowError(f"the KV cache could not remove the rejected draft of sequence {slot.seq_id}")
         self.metrics.update(tokens_predicted_total=n_taken, spec_decode_num_draft_tokens_total=len(draft),
                             spec_decode_num_accepted_tokens_total=n_accepted, spec_decode_num_drafts_total=1)
         if slot.request is None:

@@ -141,6 +141,14 @@ def as_drafter(draft_model: Any, n_vocab: int) -> Drafter | None:
 
 
 # -- the engine's side --------------------------------------------------------------------------------
+def can_roll_back(memory: Any) -> bool:
+    """Whether rejected draft positions can always be removed again: not from a sliding-window cache smaller
+    than the context (writing a draft may evict cells the window then needs after the rollback; llama.cpp
+    restores a checkpoint there, which ggflow does not have yet)."""
+    swa = getattr(memory, "swa", None)
+    return swa is None or getattr(swa, "size", 0) >= getattr(memory, "size", 0)
+
+
 def add_drafts(drafter: Drafter, entries: list, budget: int, n_ctx: int) -> int:
     """Extend the entries of generating slots ([pending]) with drafts, within ``budget`` batch tokens and the
     room left in each sequence; returns how many draft tokens were added."""
