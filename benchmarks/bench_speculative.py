@@ -8,11 +8,12 @@ host). Every variant must give the plain variant's tokens (greedy speculation is
 difference is reported and makes the exit status 1.
 
     python benchmarks/bench_speculative.py [--model TARGET.gguf] [--draft DRAFT.gguf] [-t 2] [--rounds 5]
-        [-n 320] [--ngram-max 10] [--draft-max 8]
+        [-n 320] [--ngram-max 10] [--draft-max 8] [--quantize-copies DIR]
 
 ``--model`` defaults to the default model (SmolLM2-135M-Instruct Q4_1), ``--draft`` to the target itself
-(an upper bound on acceptance); the issue's draft setup is a Q4_0 copy drafting for a Q8_0 copy
-(``ggflow quantize``). Figures need a quiet machine.
+(an upper bound on acceptance). The issue's draft setup is a Q4_0 copy drafting for a Q8_0 copy:
+``--quantize-copies DIR`` writes both from ``--model`` (ggflow.quantize_model, kept for later runs) and uses
+them. Figures need a quiet machine.
 """
 from __future__ import annotations
 
@@ -75,7 +76,11 @@ def main() -> int:
     ap.add_argument("--ngram-max", type=int, default=10, help="num_pred_tokens of the prompt lookup")
     ap.add_argument("--ngram-size", type=int, default=2, help="max_ngram_size of the prompt lookup")
     ap.add_argument("--draft-max", type=int, default=8)
+    ap.add_argument("--quantize-copies", metavar="DIR", default=None,
+                    help="target: a Q8_0 copy of --model, draft: a Q4_0 copy (written to DIR unless there)")
     args = ap.parse_args()
+    if args.quantize_copies:
+        args.model, args.draft = quantized_copies(args.model, Path(args.quantize_copies))
 
     import ggflow
     from ggflow.generation.draft_model import load_draft_model
@@ -131,6 +136,21 @@ def main() -> int:
         print(f"| {n} | {t['predicted_n']} | {statistics.median(tps):.1f} | {statistics.median(ratio):.2f} | "
               f"{t.get('draft_n', 0)} | {t.get('draft_n_accepted', 0)} |")
     return status
+
+
+def quantized_copies(model: str | None, where: Path) -> tuple[str, str]:
+    import ggflow
+    from ggflow.quantize_model import quantize_model
+
+    source = model or ggflow.default_model_path()
+    where.mkdir(parents=True, exist_ok=True)
+    out = []
+    for ftype in ("Q8_0", "Q4_0"):
+        path = where / f"{Path(source).stem}.{ftype.lower()}.gguf"
+        if not path.exists():
+            quantize_model(source, path, ftype, progress=False)
+        out.append(str(path))
+    return out[0], out[1]
 
 
 if __name__ == "__main__":
