@@ -140,3 +140,36 @@ def test_serve_with_an_incompatible_draft_model_exits_naming_both_models(tmp_pat
     assert proc.returncode == 1
     assert "tiny-gpt2-hs-f32.gguf" in proc.stderr and "tiny-qwen2-hs-q8_0.gguf" in proc.stderr
     assert "token 511" in proc.stderr
+
+
+@pytest.mark.parametrize("argv,kind,n_max", [
+    ([], None, None), (["--spec-type", "ngram", "--draft-max", "7", "--spec-ngram-size-n", "3"], "ngram", 7),
+    (["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4", "--spec-ngram-simple-size-m", "9"],
+     "ngram-simple", 9),
+    (["-md", str(DATA / "models" / "tiny-llama-hs-q4_0.gguf"), "--draft-max", "5", "--draft-min", "2",
+      "--draft-p-min", "0.25"], "draft-simple", 5),
+])
+def test_serve_options_make_the_drafter_they_name(argv, kind, n_max):
+    import argparse
+
+    from ggflow.cli.serve_cmd import add_parser
+    from ggflow.cli.speculative_args import drafter_from_args
+    from ggflow.core.context import Context
+    from ggflow.core.model import Model
+    from ggflow.generation.draft_model import DraftModelDrafter
+    from ggflow.generation.speculative import NgramSimple
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "-t", "1", *argv])
+    drafter = drafter_from_args(args, Context(Model.load(str(DATA / "models" / "tiny-llama-hs-q8_0.gguf")),
+                                              n_ctx=64, n_threads=1))
+    if kind is None:
+        assert drafter is None
+    elif kind == "ngram":
+        assert (drafter.fn.num_pred_tokens, drafter.fn.max_ngram_size) == (n_max, 3)
+    elif kind == "ngram-simple":
+        assert isinstance(drafter.fn, NgramSimple) and (drafter.fn.size_n, drafter.fn.size_m) == (4, n_max)
+    else:
+        assert isinstance(drafter, DraftModelDrafter)
+        assert (drafter.n_max, drafter.n_min, drafter.p_min, drafter.ctx.n_ctx) == (n_max, 2, 0.25, 64)
