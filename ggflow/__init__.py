@@ -18,7 +18,8 @@ __version__ = "0.1.0"
 _WHERE = {
     "LLM": "ggflow.api.llm", "Completion": "ggflow.api.records", "SamplingParams": "ggflow.core.sampling",
     "default_model_path": "ggflow.api.model_path", "quantize": "ggflow.core.quants",
-    "dequantize": "ggflow.core.quants",
+    "dequantize": "ggflow.core.quants", "LlamaPromptLookupDecoding": "ggflow.generation.speculative",
+    "LlamaDraftModel": "ggflow.generation.speculative",
 }
 _MODULES = ("errors", "api")
 __all__ = sorted([*_WHERE, *_MODULES, "Llama", "__version__"])

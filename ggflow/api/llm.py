@@ -43,14 +43,14 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, 
                  n_ctx: int | None = 2048, n_threads: int | None = None, n_ubatch: int = 512,
                  seed: int | None = None, type_k: str = "F16", type_v: str = "F16", vocab_only: bool = False,
                  context_shift: bool = False, n_keep: int = 0, pooling_type: "str | int | None" = None,
-                 **llama_cpp_options: Any):
+                 draft_model: Any = None, **llama_cpp_options: Any):
         from ggflow.core.vocab import Vocab
 
         unknown = sorted(set(llama_cpp_options) - IGNORED_LLAMA_OPTIONS)
         if unknown:
             raise ArgumentError(unknown[0], llama_cpp_options[unknown[0]], "left out: LLM takes model_path, backend, "
                                 "n_ctx, n_threads, n_ubatch, seed, type_k, type_v, vocab_only, context_shift, n_keep, "
-                                "pooling_type")
+                                "pooling_type, draft_model")
         if model_path is not None and not isinstance(model_path, str) and not hasattr(model_path, "__fspath__"):
             raise ArgumentError("model_path", model_path, "a path to a GGUF file (or None for the default model)")
         n_ctx = A.check_n_ctx(n_ctx)
@@ -87,6 +87,9 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, 
         from ggflow.generation.engine import Engine
         self._engine = Engine(self.context, n_slots=1, max_queue=1, context_shift=self.context_shift,
                               n_keep=self.n_keep)
+        if draft_model is not None:   # speculative decoding (ggflow.generation.speculative)
+            from ggflow.generation.draft_model import drafter_for
+            self._engine.drafter = drafter_for(draft_model, self.context, backends=backend, n_threads=n_threads)
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str | None, additional_files: list[str] | None = None,

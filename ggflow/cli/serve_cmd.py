@@ -11,6 +11,7 @@ from typing import Any
 from ggflow.cli.args import int_at_least, port_number
 from ggflow.cli import serve_models
 from ggflow.cli.common import add_hub_option, backend_names, hub_model_path
+from ggflow.cli.speculative_args import add_speculative_arguments, check_speculative_args, drafter_from_args
 from ggflow.errors import GGFlowError
 from ggflow.process_heap import freeze_loaded_objects
 from ggflow.serving.limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_KEEP_ALIVE_S,
@@ -68,6 +69,7 @@ def add_parser(subparsers: Any) -> None:
                        help=f"seconds an idle keep-alive connection stays open (default {DEFAULT_KEEP_ALIVE_S:g})")
     conns.add_argument("--max-connections", type=int_at_least(1), default=DEFAULT_MAX_CONNECTIONS,
                        help=f"open connections at once; more get 503 and are closed (default {DEFAULT_MAX_CONNECTIONS})")
+    add_speculative_arguments(parser)
     parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
     serve_models.add_options(parser)
     ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
@@ -99,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
     connection_limits = ConnectionLimits(max_header_bytes=args.max_header_bytes, max_headers=args.max_headers,
                                          header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive,
                                          max_connections=args.max_connections)
+    if check_speculative_args(args) != "none" and serve_models.wanted(args):
+        raise GGFlowError("speculation (--spec-type, -md) serves one model: leave it out with --models-dir, "
+                          "--models-config or --sleep-idle-seconds")
     if args.models_dir or args.models_config:
         return serve_models.run_pool(args, serve_models.build_pool(args, None), limits, connection_limits)
     path = hub_model_path(args) if args.hf_repo else args.model or default_model_path()
@@ -119,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
                                  type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper(),
                                  context_shift=args.context_shift, n_keep=args.keep)
             modes.check_model(engine.ctx.model)
+            engine.drafter = drafter_from_args(args, engine.ctx, backend_names(args.backend))
             freeze_loaded_objects()
             engine.start()
             state.engine = engine

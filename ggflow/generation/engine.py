@@ -40,6 +40,7 @@ from ggflow.generation.metrics import EngineMetrics
 from ggflow.generation.records import Timings
 from ggflow.generation.request import EngineStoppedError, PromptTooLongError, QueueFullError, Request
 from ggflow.generation.slot import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, Slot, SlotState
+from ggflow.generation.speculative import add_drafts, can_roll_back, take_drafted
 
 log = logging.getLogger(__name__)
 DECODE_NO_KV_SLOT = 1
@@ -80,6 +81,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._slots_snapshot = [s.snapshot() for s in self.slots]
         self._n_tokens_max = 0                          # the longest sequence so far (/metrics)
+        self.drafter = None                             # speculative decoding (speculative.py), when set
 
     @classmethod
     def load(cls, model_path: str, *, n_ctx: int = 8192, n_slots: int = 4, n_batch: int | None = None,
@@ -299,6 +301,8 @@ class Engine:
             # prompt chunks leave room for the generating slots' next tokens, so a long prompt arriving
             # late waits instead of filling the cache and forcing a running slot to finish
             budget = min(self.n_batch - len(generating), free - 2 * len(generating))
+            if self.drafter is not None and generating and can_roll_back(self.ctx.memory):
+                budget -= add_drafts(self.drafter, entries, budget, self.n_ctx)
             for s in busy:
                 if s.state is SlotState.PROMPT and budget > 0:
                     chunk = s.tokens_to_evaluate(budget)
@@ -350,8 +354,12 @@ class Engine:
         if status != 0:
             raise GGFlowError(f"decode failed with status {status}")
         self.metrics.update(n_decode_total=1, n_busy_slots_total=sum(s.is_busy for s in self.slots))
-        index, sampled = -1, []
+        index, sampled, drafted = -1, [], []
         for slot, tokens in entries:
+            if slot.state is SlotState.GENERATING and len(tokens) > 1:   # pending + draft: verified below
+                drafted.append((slot, tokens[1:], index + 1))
+                index += len(tokens)
+                continue
             slot.evaluated(tokens)
             if slot.state is SlotState.PROMPT and slot.seq.prompt_logprobs is not None:
                 rows = np.stack([self.ctx.get_logits_ith(i) for i in range(index + 1, index + 1 + len(tokens))])
@@ -379,6 +387,25 @@ class Engine:
                                     prompt_seconds_total=t.prompt_ms / 1e3)
             if finished:
                 self._record_finished(slot.timings)
+        for slot, draft, first in drafted:
+            self._verify(slot, draft, first)
+
+    def _verify(self, slot: Slot, draft: list[int], first: int) -> None:
+        """Keep the longest drafted run the slot's chain samples (speculative.py); drop the rest's K/V."""
+        try:
+            n_accepted, n_taken = take_drafted(slot, draft, lambda i: self.ctx.get_logits_ith(first + i))
+        except Exception as exc:  # one request's sampler failed: end that request, not the step
+            log.exception("sampling failed")
+            self._forget_cache(slot)
+            self._record_finished(slot.finish(FINISH_ERROR, error=f"{type(exc).__name__}: {exc}",
+                                              exception=exc).timings)
+            return
+        if not self.ctx.memory.seq_rm(slot.seq_id, len(slot.cache_tokens), -1):
+            raise GGFlowError(f"the KV cache could not remove the rejected draft of sequence {slot.seq_id}")
+        self.metrics.update(tokens_predicted_total=n_taken, spec_decode_num_draft_tokens_total=len(draft),
+                            spec_decode_num_accepted_tokens_total=n_accepted, spec_decode_num_drafts_total=1)
+        if slot.request is None:
+            self._record_finished(slot.timings)
 
     def _fork(self, slot: Slot) -> list[Slot]:
         """n > 1: the sibling choices waiting for ``slot``'s prompt share its cells from now on."""
@@ -403,7 +430,8 @@ class Engine:
         pos = np.concatenate([np.arange(len(s.cache_tokens), len(s.cache_tokens) + len(t)) for s, t in entries])
         seq = np.concatenate([np.full(len(t), s.seq_id) for s, t in entries])
         wants = [s.state is SlotState.GENERATING or len(t) == len(s.prompt_left()) for s, t in entries]
-        logits = np.concatenate([np.ones(len(t), bool) if s.state is SlotState.PROMPT and s.request.prompt_logprobs
+        logits = np.concatenate([np.ones(len(t), bool) if s.state is SlotState.GENERATING or (
+                                 s.state is SlotState.PROMPT and s.request.prompt_logprobs)
                                  else np.arange(len(t)) == len(t) - 1 if w else np.zeros(len(t), bool)
                                  for (s, t), w in zip(entries, wants)])
         return Batch(tokens, pos, seq, logits)

@@ -15,6 +15,9 @@ class MetricsSnapshot:
     n_decode_total: int = 0
     n_busy_slots_total: int = 0           # summed over decode calls
     n_tokens_max: int = 0
+    spec_decode_num_draft_tokens_total: int = 0      # speculative decoding: drafted tokens verified,
+    spec_decode_num_accepted_tokens_total: int = 0   # accepted,
+    spec_decode_num_drafts_total: int = 0            # and verification steps
     requests_processing: int = 0
     requests_deferred: int = 0
     kv_cache_tokens: int = 0

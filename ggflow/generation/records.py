@@ -18,6 +18,8 @@ class Timings:
     predicted_n: int = 0
     predicted_ms: float = 0.0
     cached_n: int = 0            # prompt tokens whose K/V were reused
+    draft_n: int = 0             # speculative decoding: drafted tokens verified
+    draft_n_accepted: int = 0    # ... and accepted
 
     @property
     def prompt_per_second(self) -> float:
@@ -30,7 +32,8 @@ class Timings:
     def as_dict(self) -> dict[str, float]:
         return {"prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms, "prompt_per_second": self.prompt_per_second,
                 "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
-                "predicted_per_second": self.predicted_per_second, "cached_n": self.cached_n}
+                "predicted_per_second": self.predicted_per_second, "cached_n": self.cached_n,
+                **({"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted} if self.draft_n else {})}
 
 
 @dataclass

@@ -16,6 +16,11 @@ COUNTERS = (
     ("tokens_predicted", "Number of generation tokens processed", "tokens_predicted_total"),
     ("tokens_predicted_seconds", "Total time spent generating tokens", "tokens_predicted_seconds_total"),
     ("n_decode", "Total number of decode calls", "n_decode_total"),
+    ("spec_decode_num_draft_tokens", "Speculative: Total draft tokens generated", "spec_decode_num_draft_tokens_total"),
+    ("spec_decode_num_accepted_tokens", "Speculative: Total draft tokens accepted by the target model",
+     "spec_decode_num_accepted_tokens_total"),
+    ("spec_decode_num_drafts", "Speculative: Total speculative decoding verification steps",
+     "spec_decode_num_drafts_total"),
 )
 GAUGES = (
     ("n_tokens_max", "Largest observed sequence length (prompt + generation)"),
