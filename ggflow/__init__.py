@@ -19,6 +19,8 @@ _WHERE = {
     "LLM": "ggflow.api.llm", "Completion": "ggflow.api.records", "SamplingParams": "ggflow.core.sampling",
     "default_model_path": "ggflow.api.model_path", "quantize": "ggflow.core.quants",
     "dequantize": "ggflow.core.quants",
+    "LlamaRAMCache": "ggflow.api.llama_cache", "LlamaDiskCache": "ggflow.api.llama_cache",
+    "LlamaCache": "ggflow.api.llama_cache",
 }
 _MODULES = ("errors", "api")
 __all__ = sorted([*_WHERE, *_MODULES, "Llama", "__version__"])
