@@ -2,6 +2,7 @@
 
     python benchmarks/bench_prefix_cache.py                                   # ggflow serve, default model
     LLAMA_SERVER=/path/to/llama-server python benchmarks/bench_prefix_cache.py   # and llama-server, interleaved
+    GGFLOW_BASELINE=/path/to/other/checkout python benchmarks/bench_prefix_cache.py   # and another ggflow
 
 Each request is the system prompt (token ids, the same for every request) and a short question of its own,
 sent as token ids so both servers see exactly the same tokens. A wave is 4 requests sent at once; the next
@@ -124,6 +125,12 @@ def main() -> int:
         servers["ggflow"] = (f"http://127.0.0.1:{port}", start(
             [sys.executable, "-m", "ggflow.cli", "serve", "-m", model, "--port", str(port), "-np", str(args.parallel),
              "-c", str(args.ctx_size), "-t", str(args.threads)], port, "ggflow-prefix", log_dir, CALLER_ENV))
+        if os.environ.get("GGFLOW_BASELINE"):   # the same server from another checkout (e.g. before the cache)
+            port = free_port()
+            servers["ggflow-baseline"] = (f"http://127.0.0.1:{port}", start(
+                [sys.executable, "-m", "ggflow.cli", "serve", "-m", model, "--port", str(port), "-np",
+                 str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)], port, "ggflow-baseline-prefix",
+                log_dir, {**CALLER_ENV, "PYTHONPATH": os.path.abspath(os.environ["GGFLOW_BASELINE"])}))
         if os.environ.get("LLAMA_SERVER"):
             port = free_port()
             servers["llama-server"] = (f"http://127.0.0.1:{port}", start(

@@ -132,3 +132,33 @@ def test_unreferenced_prefixes_are_evicted_least_recently_used_under_a_small_cac
     assert again.timings.cached_n == len(b) - 1     # b survived the eviction
     again = run(engine, [a])[0]
     assert again.timings.cached_n < len(a) - 1      # a did not
+
+
+@needs_model
+def test_a_request_waiting_for_a_prefix_goes_on_when_its_evaluator_is_cancelled(model):
+    engine = Engine(Context(model, n_ctx=1024, n_threads=1, n_ubatch=32), n_slots=2)
+    head, (p0, p1, *_) = prompts(engine.vocab)
+    solo = run(engine, [p1])[0]
+    engine.clear_cache()
+    done = [None, None]
+    submit(engine, p0, done, 0)
+    submit(engine, p1, done, 1)
+    engine.step()                                    # p0's first 32-token chunk; p1 waits for the head
+    assert engine.n_waiting == 1
+    leader = next(s for s in engine.slots if s.is_busy)
+    leader.request.cancel()
+    engine.run_until_idle(TIMEOUT_S)
+    assert done[0] is None and done[1].error is None    # a cancelled request gets no Done
+    assert done[1].completion.tokens == solo.tokens
+    assert 0 < done[1].completion.timings.cached_n < len(head)   # what the leader had evaluated was reused
+
+
+@needs_model
+def test_no_sharing_across_slots_with_context_shift(model):
+    """A shift moves a sequence's cells (seq_add), which cells another sequence sees cannot do."""
+    engine = Engine(Context(model, n_ctx=1024, n_threads=1), n_slots=2, context_shift=True)
+    _, (p0, p1, *_) = prompts(engine.vocab)
+    run(engine, [p0])
+    second = run(engine, [p1])[0]
+    assert engine.metrics.snapshot().prompt_tokens_shared_total == 0
+    assert second.timings.cached_n > 0 and sum(1 for s in engine.slots if s.cache_tokens) == 1   # reused in place

@@ -73,7 +73,8 @@ class Engine:
         for s in self.slots:
             s.context_shift = self.context_shift
         self.metrics = EngineMetrics(self._cache_size())
-        self._prefixes = PrefixSharing(self.slots, context.memory, self.metrics)
+        self._prefixes = PrefixSharing(self.slots, context.memory, self.metrics,
+                                       share=not self.context_shift)
         self._waiting: collections.deque[Request] = collections.deque()
         self._calls: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._cond = threading.Condition()

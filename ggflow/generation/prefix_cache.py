@@ -21,7 +21,8 @@ cached waits in the queue until that slot has evaluated the shared part (``next_
 one system prompt arriving together evaluate it once, not once per slot.
 
 Sharing across sequences is only done on the unified KV cache (``KVCache`` itself): a window-sized cache may
-no longer hold the cells a copied prefix needs, so other memories keep llama-server's per-slot reuse.
+no longer hold the cells a copied prefix needs, so other memories keep llama-server's per-slot reuse. Nor
+with context shift: a shift moves a sequence's cells (``seq_add``), which cells another sequence sees cannot.
 """
 from __future__ import annotations
 
@@ -102,9 +103,11 @@ class PrefixIndex:
 class PrefixSharing:
     """The engine's admission with the shared prefix cache: which idle slot takes a request, and from what."""
 
-    def __init__(self, slots: Sequence[Slot], memory: Any, metrics: Any = None):
+    def __init__(self, slots: Sequence[Slot], memory: Any, metrics: Any = None, share: bool = True):
+        """share=False (an engine with context shift: shared cells cannot move, ``KVCache.seq_add``): each
+        slot reuses only its own prefix, as llama-server's slots do."""
         self.slots, self.memory, self.metrics = list(slots), memory, metrics
-        self.enabled = shares_across_sequences(memory)
+        self.enabled = share and shares_across_sequences(memory)
         self.index = PrefixIndex()
 
     def longest(self, prompt: Sequence[int]) -> tuple[Slot | None, int]:
