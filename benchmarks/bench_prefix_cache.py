@@ -41,6 +41,9 @@ QUESTIONS = ["When is the first train?", "Can I bring a bicycle?", "How do I get
              "Are there discounts for students?"]
 
 
+VERBOSE = False
+
+
 def build_prompts(model: str, n_system: int, n_requests: int) -> tuple[list[int], list[list[int]]]:
     from ggflow.api.llm import LLM
 
@@ -65,7 +68,7 @@ def one_request(base: str, prompt: list[int], n_tokens: int) -> dict[str, float]
     body = {"prompt": prompt, "max_tokens": n_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    ttft, cached = None, float("nan")
+    ttft, cached, evaluated = None, float("nan"), float("nan")
     with httpx.Client(timeout=1200) as h, h.stream("POST", f"{base}/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -77,7 +80,11 @@ def one_request(base: str, prompt: list[int], n_tokens: int) -> dict[str, float]
             usage = chunk.get("usage") or {}
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", cached)
             if "timings" in chunk:
-                cached = chunk["timings"].get("cache_n", cached)
+                cached = chunk["timings"].get("cache_n", chunk["timings"].get("cached_n", cached))
+                evaluated = chunk["timings"].get("prompt_n", float("nan"))
+    if VERBOSE:
+        print(f"  request of {len(prompt)} tokens: TTFT {ttft:.2f} s, cached {cached}, evaluated {evaluated}",
+              file=sys.stderr, flush=True)
     return {"ttft": ttft if ttft is not None else time.perf_counter() - t0, "cached": cached}
 
 
@@ -114,7 +121,10 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true", help="each request's TTFT and cached tokens")
     args = ap.parse_args()
+    global VERBOSE
+    VERBOSE = args.verbose
     model = args.model or default_model_path()
     system, prompts = build_prompts(model, args.system_tokens, args.requests)
     ideal = len(system) + sum(len(p) - len(system) for p in prompts)
@@ -127,10 +137,13 @@ def main() -> int:
              "-c", str(args.ctx_size), "-t", str(args.threads)], port, "ggflow-prefix", log_dir, CALLER_ENV))
         if os.environ.get("GGFLOW_BASELINE"):   # the same server from another checkout (e.g. before the cache)
             port = free_port()
+            baseline = os.path.abspath(os.environ["GGFLOW_BASELINE"])
+            # run from the baseline's directory: `python -m` puts the working directory first on sys.path,
+            # ahead of PYTHONPATH, so from this checkout it would import this checkout's ggflow
             servers["ggflow-baseline"] = (f"http://127.0.0.1:{port}", start(
-                [sys.executable, "-m", "ggflow.cli", "serve", "-m", model, "--port", str(port), "-np",
+                ["env", "-C", baseline, sys.executable, "-m", "ggflow.cli", "serve", "-m", model, "--port", str(port), "-np",
                  str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)], port, "ggflow-baseline-prefix",
-                log_dir, {**CALLER_ENV, "PYTHONPATH": os.path.abspath(os.environ["GGFLOW_BASELINE"])}))
+                log_dir, {**CALLER_ENV, "PYTHONPATH": baseline}))
         if os.environ.get("LLAMA_SERVER"):
             port = free_port()
             servers["llama-server"] = (f"http://127.0.0.1:{port}", start(
