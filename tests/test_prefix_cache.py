@@ -124,8 +124,12 @@ def test_unreferenced_prefixes_are_evicted_least_recently_used_under_a_small_cac
     a, b, c = (vocab.tokenize(f"Story {name}: " + "words of the tale go on and on. " * 9) for name in "ABC")
     assert 3 * (len(a) + 8) > ctx.memory.size > 2 * (len(a) + 8)  # two fit, the third needs an eviction
     run(engine, [a])
+    n0 = engine.metrics.snapshot().n_decode_total
     run(engine, [b])                                 # a is now the least recently used
+    n1 = engine.metrics.snapshot().n_decode_total
     run(engine, [c])                                 # room for c: a's cells go, b's stay
+    n2 = engine.metrics.snapshot().n_decode_total
+    assert n2 - n1 == n1 - n0                        # c's prompt in one chunk, as b's: the room was made first
     held = sorted(len(s.cache_tokens) for s in engine.slots)
     assert held[0] == 0 and held[1] > 0 and held[2] > 0
     again = run(engine, [b])[0]

@@ -296,6 +296,10 @@ class Engine:
             if need > free:
                 self._make_room(need - free)
                 continue
+            prompting = sum(len(s.prompt_left()) for s in busy if s.state is SlotState.PROMPT)
+            short = min(self.n_batch - len(generating), prompting) - (free - 2 * len(generating))
+            if short > 0 and self._prefixes.evict_idle(short, self._forget_cache):
+                continue                     # idle slots' prefixes made room for the prompts (LRU first)
             entries: list[Entry] = [(s, s.tokens_to_evaluate(1)) for s in generating]
             # prompt chunks leave room for the generating slots' next tokens, so a long prompt arriving
             # late waits instead of filling the cache and forcing a running slot to finish

@@ -13,8 +13,9 @@ would need splitting and merging on every change of a slot for the same answer.
 The KV cells are not copied: the new slot's sequence is made to see the holder's cells (``Memory.seq_cp``)
 and evaluates only the rest of its prompt. A cell is freed when no sequence sees it, so a holder that moves
 on keeps nothing alive that it alone used, and a sequence that diverges writes its own tokens to new cells
-(copy on write at cell granularity). Prefixes held by idle slots only are the unreferenced ones: the engine
-drops them least recently used first when a request needs room (``Engine._make_room``).
+(copy on write at cell granularity). Prefixes held by idle slots only are the unreferenced ones: they are
+dropped least recently used first when the prompts being evaluated need room (``evict_idle``, called by the
+engine's plan) or the generating slots do (``Engine._make_room``).
 
 A request whose prompt shares more with a prompt still being evaluated by another slot than with anything
 cached waits in the queue until that slot has evaluated the shared part (``next_request``): 16 requests with
@@ -26,7 +27,7 @@ with context shift: a shift moves a sequence's cells (``seq_add``), which cells 
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ggflow.generation.admission import choose_slot, common_prefix_length
 from ggflow.generation.slot import Slot, SlotState
@@ -107,7 +108,8 @@ class PrefixSharing:
         """share=False (an engine with context shift: shared cells cannot move, ``KVCache.seq_add``): each
         slot reuses only its own prefix, as llama-server's slots do."""
         self.slots, self.memory, self.metrics = list(slots), memory, metrics
-        self.enabled = share and shares_across_sequences(memory)
+        self.unified = shares_across_sequences(memory)   # free cells are what a new token needs
+        self.enabled = share and self.unified
         self.index = PrefixIndex()
 
     def longest(self, prompt: Sequence[int]) -> tuple[Slot | None, int]:
@@ -161,6 +163,18 @@ class PrefixSharing:
         if self.metrics is not None:
             self.metrics.update(prompt_tokens_shared_total=shared)
         return spare, shared
+
+    def evict_idle(self, n_cells: int, forget: Callable[[Slot], int]) -> bool:
+        """Drop idle slots' cached prefixes, least recently used first, until ``n_cells`` are freed (forget(slot)
+        drops one and says how many cells that freed: cells another sequence sees stay); whether any was freed."""
+        if not self.unified:
+            return False
+        freed = 0
+        for s in sorted((s for s in self.slots if not s.is_busy and s.cache_tokens), key=lambda s: s.t_last_used):
+            freed += forget(s)
+            if freed >= n_cells:
+                break
+        return freed > 0
 
     def _cut(self, slot: Slot, reuse: int) -> int:
         """Keep the first ``reuse`` cached tokens of the slot's sequence; how many it keeps."""
