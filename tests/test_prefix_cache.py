@@ -166,3 +166,18 @@ def test_no_sharing_across_slots_with_context_shift(model):
     second = run(engine, [p1])[0]
     assert engine.metrics.snapshot().prompt_tokens_shared_total == 0
     assert second.timings.cached_n > 0 and sum(1 for s in engine.slots if s.cache_tokens) == 1   # reused in place
+
+
+@needs_model
+def test_generate_many_evaluates_a_shared_prefix_once():
+    import ggflow
+
+    llm = ggflow.LLM(n_ctx=1024, n_threads=1)
+    head, ps = prompts(llm.vocab)
+    solo = []
+    for p in ps:
+        llm.reset()
+        solo.append(llm.generate(p, max_tokens=6, temperature=0))
+    many = llm.generate_many(ps, max_tokens=6, temperature=0)
+    assert [c.tokens for c in many] == [c.tokens for c in solo]
+    assert sorted(c.timings.cached_n >= len(head) - 1 for c in many) == [False, True, True, True]
