@@ -141,9 +141,9 @@ def main() -> int:
             # run from the baseline's directory: `python -m` puts the working directory first on sys.path,
             # ahead of PYTHONPATH, so from this checkout it would import this checkout's ggflow
             servers["ggflow-baseline"] = (f"http://127.0.0.1:{port}", start(
-                ["env", "-C", baseline, sys.executable, "-m", "ggflow.cli", "serve", "-m", model, "--port", str(port), "-np",
-                 str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)], port, "ggflow-baseline-prefix",
-                log_dir, {**CALLER_ENV, "PYTHONPATH": baseline}))
+                ["env", "-C", baseline, sys.executable, "-m", "ggflow.cli", "serve", "-m", model, "--port", str(port),
+                 "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)], port,
+                "ggflow-baseline-prefix", log_dir, {**CALLER_ENV, "PYTHONPATH": baseline}))
         if os.environ.get("LLAMA_SERVER"):
             port = free_port()
             servers["llama-server"] = (f"http://127.0.0.1:{port}", start(

@@ -195,9 +195,9 @@ class LlamaDiskCache(BaseLlamaCache):
                 header["_payload_offset"] = len(MAGIC) + 4 + n
         except (OSError, ValueError, UnicodeDecodeError) as e:
             return self._reject(path, mtime, f"unreadable header ({e})")
-        if not isinstance(header, dict) or header.get("version") != FORMAT_VERSION:
-            return self._reject(path, mtime, f"format version {header.get('version') if isinstance(header, dict) else '?'}"
-                                f", this ggflow reads version {FORMAT_VERSION}")
+        version = header.get("version") if isinstance(header, dict) else "?"
+        if version != FORMAT_VERSION:
+            return self._reject(path, mtime, f"format version {version}, this ggflow reads version {FORMAT_VERSION}")
         if header.get("model") != self.model_id:
             return self._reject(path, mtime, f"saved by another model ({str(header.get('model'))[:12]}..., this "
                                 f"one is {str(self.model_id)[:12]}...)")
