@@ -181,3 +181,18 @@ def test_generate_many_evaluates_a_shared_prefix_once():
     many = llm.generate_many(ps, max_tokens=6, temperature=0)
     assert [c.tokens for c in many] == [c.tokens for c in solo]
     assert sorted(c.timings.cached_n >= len(head) - 1 for c in many) == [False, True, True, True]
+
+
+def test_index_notices_a_list_cut_and_refilled_in_place():
+    slots = [Slot(0, 0, 512), Slot(1, 1, 512)]
+    slots[0].cache_tokens, slots[0].n_reusable = list(range(64)), 64
+    index = PrefixIndex()
+    index.refresh(slots)
+    del slots[0].cache_tokens[40:]               # e.g. rejected tokens removed, then others written
+    slots[0].cache_tokens.extend([9] * 24)
+    index.refresh(slots)
+    assert index.holders(list(range(64))) == [0]                  # the first two blocks are still held
+    assert index.holders(list(range(40)) + [9] * 24) == [0]
+    slots[1].cache_tokens, slots[1].n_reusable = list(range(64)), 64
+    index.refresh(slots)
+    assert index.holders(list(range(64))) == [1]                  # only slot 1 holds all four blocks now

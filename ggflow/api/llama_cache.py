@@ -163,10 +163,22 @@ class LlamaDiskCache(BaseLlamaCache):
 
     @property
     def cache_size(self) -> int:
-        return sum(p.stat().st_size for p in self._files())
+        return sum(size for _, size, _ in self._stats())
 
     def _files(self) -> list[Path]:
         return [p for p in self.cache_dir.glob(f"*{SUFFIX}") if p.is_file()]
+
+    def _stats(self) -> list[tuple[int, int, Path]]:
+        """(mtime, size, path) of every entry file, oldest first (a file another process removed meanwhile
+        is left out)."""
+        out = []
+        for p in self._files():
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            out.append((st.st_mtime_ns, st.st_size, p))
+        return sorted(out)
 
     # -- reading ---------------------------------------------------------------------------------
     def _scan(self) -> list[_Entry]:
@@ -276,7 +288,7 @@ class LlamaDiskCache(BaseLlamaCache):
         self._trim()
 
     def _trim(self) -> None:
-        files = sorted(((p.stat().st_mtime_ns, p.stat().st_size, p) for p in self._files()))
+        files = self._stats()
         total = sum(size for _, size, _ in files)
         for _, size, p in files:
             if total <= self.capacity_bytes:

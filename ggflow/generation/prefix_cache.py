@@ -52,12 +52,18 @@ def block_keys(tokens: Sequence[int], start_key: int = 0, start_block: int = 0) 
 
 
 class _Holder:
-    """One slot's keys, for the tokens list they were computed from."""
-    __slots__ = ("tokens", "keys")
+    """One slot's keys, for the tokens list they were computed from (and that list's last hashed block)."""
+    __slots__ = ("tokens", "keys", "tail")
 
     def __init__(self) -> None:
         self.tokens: list[int] | None = None
         self.keys: list[int] = []
+        self.tail: list[int] = []
+
+    def still_valid(self, tokens: list[int]) -> bool:
+        """The same list, its last hashed block unchanged (a list cut and refilled in place starts over)."""
+        n = len(self.keys) * BLOCK
+        return self.tokens is tokens and tokens[n - BLOCK: n] == self.tail if n else self.tokens is tokens
 
 
 class PrefixIndex:
@@ -70,7 +76,7 @@ class PrefixIndex:
         for s in slots:
             h = self._holders.setdefault(s.id, _Holder())
             tokens, n = s.cache_tokens, s.n_reusable // BLOCK
-            if h.tokens is not tokens:             # a new list (cut, replaced): its keys from scratch
+            if not h.still_valid(tokens):          # a new list, or refilled in place: its keys from scratch
                 self._drop(s.id, h.keys)
                 h.tokens, h.keys = tokens, []
             if n < len(h.keys):                    # shifted or shortened in place: the head is unchanged
@@ -81,6 +87,7 @@ class PrefixIndex:
                 for key in new:
                     self._by_key.setdefault(key, set()).add(s.id)
                 h.keys.extend(new)
+            h.tail = tokens[(n - 1) * BLOCK: n * BLOCK] if n else []
 
     def _drop(self, slot_id: int, keys: Iterable[int]) -> None:
         for key in keys:
