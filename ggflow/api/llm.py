@@ -22,10 +22,10 @@ from ggflow.api.chat import ChatMixin
 from ggflow.api.completions import CompletionMixin
 from ggflow.api.embeddings import EmbeddingMixin, check_pooling_type
 from ggflow.api.encoder import ModelKindError, is_encoder
+from ggflow.api.llama_cache import CacheMixin
 from ggflow.api.model_path import default_model_path
 from ggflow.api.rerank import RerankMixin
 from ggflow.api.serialize import CallerLock
-from ggflow.api.llama_cache import CacheMixin
 from ggflow.api.state import StateMixin
 from ggflow.api.tokens import TokensMixin
 from ggflow.core.batch import Batch
