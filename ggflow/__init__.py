@@ -20,6 +20,8 @@ _WHERE = {
     "default_model_path": "ggflow.api.model_path", "quantize": "ggflow.core.quants",
     "dequantize": "ggflow.core.quants", "LlamaPromptLookupDecoding": "ggflow.generation.speculative",
     "LlamaDraftModel": "ggflow.generation.speculative",
+    "LlamaRAMCache": "ggflow.api.llama_cache", "LlamaDiskCache": "ggflow.api.llama_cache",
+    "LlamaCache": "ggflow.api.llama_cache",
 }
 _MODULES = ("errors", "api")
 __all__ = sorted([*_WHERE, *_MODULES, "Llama", "__version__"])

@@ -22,6 +22,7 @@ from ggflow.api.chat import ChatMixin
 from ggflow.api.completions import CompletionMixin
 from ggflow.api.embeddings import EmbeddingMixin, check_pooling_type
 from ggflow.api.encoder import ModelKindError, is_encoder
+from ggflow.api.llama_cache import CacheMixin
 from ggflow.api.model_path import default_model_path
 from ggflow.api.rerank import RerankMixin
 from ggflow.api.serialize import CallerLock
@@ -38,7 +39,7 @@ IGNORED_LLAMA_OPTIONS = frozenset({"verbose", "logits_all", "embedding", "n_batc
                                    "numa"})
 
 
-class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, StateMixin):
+class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, StateMixin, CacheMixin):
     def __init__(self, model_path: str | None = None, *, backend: "str | Sequence[str]" = "auto",
                  n_ctx: int | None = 2048, n_threads: int | None = None, n_ubatch: int = 512,
                  seed: int | None = None, type_k: str = "F16", type_v: str = "F16", vocab_only: bool = False,
@@ -264,6 +265,7 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, 
         events: collections.deque = collections.deque()
         request.on_event = events.append
         with self._lock.turn(generation):
+            self._restore_prefix(request.prompt)   # set_cache: the longest cached prefix (llama_cache.py)
             self._engine.submit(request)
             done = False
             try:
@@ -274,6 +276,7 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, 
                         if isinstance(event, Done):
                             done = True
                             _finish(generation, event)
+                            self._store_state()
                             break
                         if event.token >= 0:
                             generation.tokens.append(event.token)

@@ -32,10 +32,15 @@ class LLMState:
 
 class StateMixin:
     def save_state(self) -> LLMState:
-        ctx = self._require_context()
+        self._require_context()
         with self._lock.turn():
-            return LLMState(np.asarray(self._cached, dtype=np.intc), ctx.n_ctx, ctx.memory.save_seq(0),
-                            self._reusable, self.seed)
+            return self._copy_state()
+
+    def _copy_state(self) -> LLMState:
+        """save_state's work, for a caller holding the turn (the prompt cache, llama_cache.py)."""
+        ctx = self.context
+        return LLMState(np.asarray(self._cached, dtype=np.intc), ctx.n_ctx, ctx.memory.save_seq(0),
+                        self._reusable, self.seed)
 
     def load_state(self, state: LLMState) -> None:
         ctx = self._require_context()
@@ -45,12 +50,17 @@ class StateMixin:
             raise ArgumentError("state", f"<LLMState n_ctx={state.n_ctx}>",
                                 f"a state saved by an LLM of this model with n_ctx={ctx.n_ctx}")
         with self._lock.turn():
-            ctx.memory.seq_rm(-1, 0, -1)
-            try:
-                ctx.memory.load_seq(0, state.memory)
-            except GGFlowError as e:
-                self._cached, self._reusable = [], 0   # the cache was emptied: nothing of it to reuse
-                raise ArgumentError("state", f"<LLMState n_ctx={state.n_ctx}>",
-                                    f"a state saved by an LLM of this model with n_ctx={ctx.n_ctx} ({e})") from None
-            self._cached, self._reusable = [int(t) for t in state.input_ids], state.reusable
-            self.seed = state.seed
+            self._restore_state(state)
+
+    def _restore_state(self, state: LLMState) -> None:
+        """load_state's work, for a caller holding the turn (the prompt cache, llama_cache.py)."""
+        ctx = self.context
+        ctx.memory.seq_rm(-1, 0, -1)
+        try:
+            ctx.memory.load_seq(0, state.memory)
+        except GGFlowError as e:
+            self._cached, self._reusable = [], 0   # the cache was emptied: nothing of it to reuse
+            raise ArgumentError("state", f"<LLMState n_ctx={state.n_ctx}>",
+                                f"a state saved by an LLM of this model with n_ctx={ctx.n_ctx} ({e})") from None
+        self._cached, self._reusable = [int(t) for t in state.input_ids], state.reusable
+        self.seed = state.seed

@@ -1,7 +1,8 @@
 """The engine: N slots over one KV cache, and one ``ctx.decode`` per step for all of them.
 
 Each step (llama-server's ``update_slots``):
-  1. free the slots of cancelled requests; admit waiting requests into idle slots (longest cached prefix);
+  1. free the slots of cancelled requests; admit waiting requests into idle slots, each starting from the
+     longest prefix any slot's cache holds (prefix_cache.py: shared cells, evaluating only the rest);
   2. plan one batch: the pending token of every generating slot, then chunks of prompts still being
      evaluated, up to ``n_batch`` tokens and never more than the KV cache has free cells. When the
      generating slots alone do not fit, idle slots' caches are dropped first; if that is not enough,
@@ -33,10 +34,10 @@ from ggflow.core.batch import Batch
 from ggflow.core.memory import MAX_SEQ
 from ggflow.core.sampling import LogitsProcessorSampler, build_chain
 from ggflow.errors import ContextFullError, GGFlowError
-from ggflow.generation.admission import choose_slot
 from ggflow.generation.context_shift import shift_sequence
 from ggflow.generation.greedy_rows import NO_TOKEN, argmax_rows
 from ggflow.generation.metrics import EngineMetrics
+from ggflow.generation.prefix_cache import PrefixSharing
 from ggflow.generation.records import Timings
 from ggflow.generation.request import EngineStoppedError, PromptTooLongError, QueueFullError, Request
 from ggflow.generation.slot import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, Slot, SlotState
@@ -73,6 +74,8 @@ class Engine:
         for s in self.slots:
             s.context_shift = self.context_shift
         self.metrics = EngineMetrics(self._cache_size())
+        self._prefixes = PrefixSharing(self.slots, context.memory, self.metrics,
+                                       share=not self.context_shift)
         self._waiting: collections.deque[Request] = collections.deque()
         self._calls: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._cond = threading.Condition()
@@ -259,20 +262,18 @@ class Engine:
                 if not idle or not self._waiting:
                     self._n_idle = len(idle)
                     return
-                request = self._waiting[0]
+                request = self._prefixes.next_request(self._waiting)
+                if request is None:         # each waits for a prefix another slot is evaluating
+                    self._n_idle = len(idle)
+                    return
                 if 1 + len(request.siblings) > len(idle) and not request.cancelled:
                     self._n_idle = 0        # n choices start together: wait for that many idle slots
                     return
-                self._waiting.popleft()
+                self._waiting.remove(request)
                 self._n_idle = len(idle) - (0 if request.cancelled else 1 + len(request.siblings))
             if request.cancelled:
                 continue
-            slot, shared = choose_slot(idle, request.prompt)
-            # the last prompt token is evaluated for its logits; prompt logprobs need every token's
-            reuse = 0 if request.prompt_logprobs else min(shared, len(request.prompt) - 1)
-            if not self.ctx.memory.seq_rm(slot.seq_id, reuse, -1):   # cannot continue there (a window cache)
-                self.ctx.memory.seq_rm(slot.seq_id, 0, -1)
-                reuse = 0
+            slot, reuse = self._prefixes.place(idle, request)   # the longest prefix any slot holds (prefix_cache.py)
             slot.assign(request, reuse, self.vocab)
             others = sorted((s for s in idle if s is not slot), key=lambda s: s.t_last_used)
             slot.forks = others[: len(request.siblings)]
@@ -297,6 +298,10 @@ class Engine:
             if need > free:
                 self._make_room(need - free)
                 continue
+            prompting = sum(len(s.prompt_left()) for s in busy if s.state is SlotState.PROMPT)
+            short = min(self.n_batch - len(generating), prompting) - (free - 2 * len(generating))
+            if short > 0 and self._prefixes.evict_idle(short, self._forget_cache):
+                continue                     # idle slots' prefixes made room for the prompts (LRU first)
             entries: list[Entry] = [(s, s.tokens_to_evaluate(1)) for s in generating]
             # prompt chunks leave room for the generating slots' next tokens, so a long prompt arriving
             # late waits instead of filling the cache and forcing a running slot to finish

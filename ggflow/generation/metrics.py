@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 class MetricsSnapshot:
     prompt_tokens_total: int = 0          # evaluated prompt tokens (cached ones excluded)
     prompt_tokens_cached_total: int = 0
+    prompt_tokens_shared_total: int = 0   # of those, reused from another slot's cells (prefix_cache.py)
     prompt_seconds_total: float = 0.0
     tokens_predicted_total: int = 0
     tokens_predicted_seconds_total: float = 0.0

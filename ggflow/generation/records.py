@@ -33,6 +33,7 @@ class Timings:
         return {"prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms, "prompt_per_second": self.prompt_per_second,
                 "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
                 "predicted_per_second": self.predicted_per_second, "cached_n": self.cached_n,
+                "cache_n": self.cached_n,   # llama-server's name for it
                 **({"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted} if self.draft_n else {})}
 
 

@@ -12,6 +12,7 @@ from ggflow.generation.metrics import MetricsSnapshot
 COUNTERS = (
     ("prompt_tokens", "Number of prompt tokens processed, excluding cached tokens", "prompt_tokens_total"),
     ("prompt_tokens_cached", "Number of prompt tokens reused from the cache", "prompt_tokens_cached_total"),
+    ("prompt_tokens_shared", "Number of prompt tokens reused from another slot's cache", "prompt_tokens_shared_total"),
     ("prompt_seconds", "Total time spent processing prompts", "prompt_seconds_total"),
     ("tokens_predicted", "Number of generation tokens processed", "tokens_predicted_total"),
     ("tokens_predicted_seconds", "Total time spent generating tokens", "tokens_predicted_seconds_total"),

@@ -59,11 +59,12 @@ class ChoiceShape:
         return completion_logprobs(self.vocab, [piece.logprob], 0)
 
 
-def usage(c: Completion, completions: "list[Completion] | None" = None) -> dict[str, int]:
+def usage(c: Completion, completions: "list[Completion] | None" = None) -> dict[str, Any]:
     """Every choice's tokens count (n > 1); the prompt's once."""
     n_out = sum(len(x.tokens) for x in completions) if completions else len(c.tokens)
     return {"prompt_tokens": len(c.prompt_tokens), "completion_tokens": n_out,
-            "total_tokens": len(c.prompt_tokens) + n_out}
+            "total_tokens": len(c.prompt_tokens) + n_out,
+            "prompt_tokens_details": {"cached_tokens": c.timings.cached_n}}
 
 
 def full_response(ids: ResponseIds, completions: "list[Completion]", tools: "ToolCalling | None" = None,
