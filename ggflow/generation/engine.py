@@ -33,9 +33,9 @@ from ggflow.core.batch import Batch
 from ggflow.core.memory import MAX_SEQ
 from ggflow.core.sampling import LogitsProcessorSampler, build_chain
 from ggflow.errors import ContextFullError, GGFlowError
-from ggflow.generation.admission import choose_slot
 from ggflow.generation.context_shift import shift_sequence
 from ggflow.generation.greedy_rows import NO_TOKEN, argmax_rows
+from ggflow.generation.lora_slots import check_request, choose_slot_for, share_mix
 from ggflow.generation.metrics import EngineMetrics
 from ggflow.generation.records import Timings
 from ggflow.generation.request import EngineStoppedError, PromptTooLongError, QueueFullError, Request
@@ -129,6 +129,7 @@ class Engine:
             raise GGFlowError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab.n_vocab})")
         if request.max_tokens is not None and request.max_tokens < 1:
             raise GGFlowError(f"max_tokens must be at least 1, got {request.max_tokens}")
+        check_request(self.ctx, request)
         chain = build_chain(request.sampling, vocab_size=self.vocab.n_vocab, vocab=self.vocab)
         for fn in reversed(request.logits_processors):
             chain.samplers.insert(0, LogitsProcessorSampler(fn))
@@ -265,7 +266,7 @@ class Engine:
                 self._n_idle = len(idle) - (0 if request.cancelled else 1 + len(request.siblings))
             if request.cancelled:
                 continue
-            slot, shared = choose_slot(idle, request.prompt)
+            slot, shared = choose_slot_for(self.ctx, idle, request)   # with its LoRA mix (lora_slots.py)
             # the last prompt token is evaluated for its logits; prompt logprobs need every token's
             reuse = 0 if request.prompt_logprobs else min(shared, len(request.prompt) - 1)
             if not self.ctx.memory.seq_rm(slot.seq_id, reuse, -1):   # cannot continue there (a window cache)
@@ -276,6 +277,7 @@ class Engine:
             slot.forks = others[: len(request.siblings)]
             for fork, sibling in zip(slot.forks, request.siblings):
                 self._forget_cache(fork)
+                share_mix(self.ctx, slot, fork)
                 fork.assign(sibling, 0, self.vocab, forked=True)
                 fork.leader = slot
 
