@@ -10,6 +10,7 @@ from typing import Any
 
 from ggflow.cli.args import int_at_least, port_number
 from ggflow.cli.common import backend_names
+from ggflow.cli.lora_args import add_lora_arguments
 from ggflow.errors import GGFlowError
 from ggflow.process_heap import freeze_loaded_objects
 from ggflow.serving.limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_KEEP_ALIVE_S,
@@ -67,6 +68,7 @@ def add_parser(subparsers: Any) -> None:
     conns.add_argument("--max-connections", type=int_at_least(1), default=DEFAULT_MAX_CONNECTIONS,
                        help=f"open connections at once; more get 503 and are closed (default {DEFAULT_MAX_CONNECTIONS})")
     parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
+    add_lora_arguments(parser)
     ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve as Ray Serve replicas with prefix-aware routing")
     ray.add_argument("--replicas", type=int, default=1, help="model replicas, each with -np slots (default 1)")
@@ -87,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise GGFlowError(f"ggflow serve needs the server extra: pip install 'ggflow[server]' ({exc})") from None
     from ggflow.api import default_model_path
     from ggflow.serving.engine import Engine
+    from ggflow.serving.lora import load_adapters
     from ggflow.serving.rerank import ServingModes
 
     if args.parallel < 1:
@@ -99,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     path = args.model or default_model_path()
     if not os.path.isfile(path):
         raise GGFlowError(f"model file not found: {path}")
+    if args.ray and args.lora_adapters:
+        raise GGFlowError("--lora is not supported with --ray yet")
     if args.ray:
         from ggflow.serving.ray_serve import run_cli
         return run_cli(args, path, backend_names(args.backend))
@@ -112,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
                                  type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper(),
                                  context_shift=args.context_shift, n_keep=args.keep)
             modes.check_model(engine.ctx.model)
+            load_adapters(engine.ctx, args.lora_adapters)
             freeze_loaded_objects()
             engine.start()
             state.engine = engine

@@ -31,6 +31,7 @@ from ggflow.serving.embeddings import embed_tokens
 from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, DetokenizeBody, EmbeddingBody,
                                           TokenizeBody)
 from ggflow.serving.prometheus import metrics_text
+from ggflow.serving.lora import add_lora_routes
 from ggflow.serving.rerank import add_rerank_routes
 from ggflow.serving.generation import generate
 from ggflow.serving.limits import BodyLimits, BodyTimeoutError, BodyTooLargeError, ServerLimits
@@ -194,6 +195,7 @@ def create_app(state: ServerState) -> FastAPI:
                               grammar=grammar, tools=tools)
 
     add_rerank_routes(app, state, _parse)
+    add_lora_routes(app, state)
     return app
 
 
