@@ -102,3 +102,79 @@ def test_unknown_adapter_id_is_refused(engine):
         engine.submit(_request(PROMPTS[0], {2: 1.0}, []))
     with pytest.raises(GGFlowError, match="finite"):
         engine.submit(_request(PROMPTS[0], {0: float("inf")}, []))
+
+
+# -- over HTTP ----------------------------------------------------------------------------------------
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn", reason="ggflow serve runs on uvicorn (the server extra)")
+
+
+@pytest.fixture(scope="module")
+def server(pair):
+    from ggflow.serving.app import ServerState
+    from ggflow.serving.lora import load_adapters
+    from tests.test_serving_http import serving
+
+    engine = Engine.load(str(pair.base), n_ctx=512, n_slots=2, n_threads=1, backends="cpu")
+    load_adapters(engine.ctx, [(str(p), 0.0) for p in pair.adapters])
+    engine.start()
+    with serving(ServerState(model_name="tiny", engine=engine)) as url:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            yield client
+
+
+def _complete(server, **extra):
+    r = server.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def test_lora_adapters_lists_them_in_llama_server_shape(server, pair):
+    assert server.get("/lora-adapters").json() == [{"id": i, "path": str(p), "scale": 0.0}
+                                                   for i, p in enumerate(pair.adapters)]
+
+
+def test_post_lora_adapters_sets_the_default_mix_without_reloading(server):
+    base = _complete(server)
+    with_first = _complete(server, lora=[{"id": 0, "scale": 1.0}])
+    assert with_first != base
+    r = server.post("/lora-adapters", json=[{"id": 0, "scale": 1.0}])
+    assert r.status_code == 200 and r.json() == {"success": True}
+    assert [a["scale"] for a in server.get("/lora-adapters").json()] == [1.0, 0.0]
+    assert _complete(server) == with_first                  # no lora field: the default mix
+    assert _complete(server, lora=[]) == base               # an empty list: every adapter at 0
+    r = server.post("/lora-adapters", json=[])               # left out: 0, as llama-server
+    assert [a["scale"] for a in server.get("/lora-adapters").json()] == [0.0, 0.0]
+    assert _complete(server) == base
+
+
+@pytest.mark.parametrize("body", [{"id": 0, "scale": 1}, [{"id": 2, "scale": 1.0}], [{"id": 0}],
+                                  [{"id": "0", "scale": 1.0}], [{"id": 0, "scale": "1"}], '[{"id": 0, "scale": 1e999}]',
+                                  [{"id": 0, "scale": 1.0}, {"id": 0, "scale": 2.0}], "[", '[{"id": 0, "scale": NaN}]', [[0, 1.0]]])
+def test_post_lora_adapters_refuses_bad_bodies(server, body):
+    before = server.get("/lora-adapters").json()
+    r = server.post("/lora-adapters", content=body if isinstance(body, str) else None,
+                    json=None if isinstance(body, str) else body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert server.get("/lora-adapters").json() == before
+
+
+@pytest.mark.parametrize("lora", [[{"id": 7, "scale": 1.0}], {"id": 0, "scale": 1.0}, [{"id": 0, "scale": None}],
+                                  [{"id": -1, "scale": 1.0}], [{"id": 0, "scale": 1.0, "extra": 1}]])
+def test_a_request_with_a_bad_lora_field_is_a_400(server, lora):
+    r = server.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 2, "lora": lora})
+    assert r.status_code == 400, r.text
+    r = server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                                  "lora": lora})
+    assert r.status_code == 400, r.text
+
+
+def test_serve_flags_keep_command_line_order():
+    from ggflow.cli import build_parser
+    from ggflow.cli.args import UsageError
+
+    args = build_parser().parse_args(["serve", "--lora", "a.gguf", "--lora-scaled", "b.gguf", "0.5", "--lora", "c.gguf"])
+    assert args.lora_adapters == [("a.gguf", 1.0), ("b.gguf", 0.5), ("c.gguf", 1.0)]
+    with pytest.raises(UsageError, match="the scale must be a finite number"):
+        build_parser().parse_args(["serve", "--lora-scaled", "b.gguf", "nan"])
