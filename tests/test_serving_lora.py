@@ -178,3 +178,32 @@ def test_serve_flags_keep_command_line_order():
     assert args.lora_adapters == [("a.gguf", 1.0), ("b.gguf", 0.5), ("c.gguf", 1.0)]
     with pytest.raises(UsageError, match="the scale must be a finite number"):
         build_parser().parse_args(["serve", "--lora-scaled", "b.gguf", "nan"])
+
+
+def test_embeddings_follow_the_default_mix(server):
+    def embed():
+        r = server.post("/v1/embeddings", json={"input": "hello there"})
+        assert r.status_code == 200, r.text
+        return np.array(r.json()["data"][0]["embedding"])
+    base = embed()
+    assert server.post("/lora-adapters", json=[{"id": 1, "scale": 1.0}]).status_code == 200
+    try:
+        assert np.abs(embed() - base).max() > 1e-3
+    finally:
+        assert server.post("/lora-adapters", json=[]).status_code == 200
+    np.testing.assert_array_equal(embed(), base)
+
+
+def test_serve_refuses_an_adapter_for_another_model_at_load(pair):
+    import subprocess
+    import sys
+
+    from tests.data_dir import DATA
+    from tests.test_serving_http import free_port
+
+    other = DATA / "models" / "tiny-llama-hs-f32.gguf"
+    run = subprocess.run([sys.executable, "-m", "ggflow.cli", "serve", "-m", str(other), "--lora",
+                          str(pair.adapters[0]), "--port", str(free_port()), "-t", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert "does not match the base model" in run.stderr and "an adapter for another model?" in run.stderr
