@@ -17,7 +17,7 @@ import numpy as np
 from ggflow.core import ops
 from ggflow.core.lora import TOKEN_EMBD, LoraAdapter, LoraPair
 from ggflow.core.tensor import Tensor
-from ggflow.errors import ArgumentError
+from ggflow.errors import ArgumentError, ShapeError
 
 if TYPE_CHECKING:
     from ggflow.core.batch import UBatch
@@ -96,6 +96,9 @@ class LoraGraph:
         s = self.scale_inputs[key][0]
         if n == self.n_tokens:
             return s
+        if n != self.inp_out_ids.ne[0]:
+            raise ShapeError(f"LoRA on {pair.base!r}: a product over {n} rows, neither the ubatch's {self.n_tokens} "
+                             f"tokens nor its {self.inp_out_ids.ne[0]} outputs (not supported)")
         if s not in self._out_scales:   # after select_outputs: the rows of the tokens whose outputs are wanted
             self._out_scales[s] = ops.get_rows(s, self.inp_out_ids)
         return self._out_scales[s]
@@ -105,7 +108,10 @@ class LoraGraph:
         token_embd, whose pair adapts the embedding lookup only, as peft's does.)"""
         if w.name == TOKEN_EMBD:
             return y
-        for i, pair in self._pairs(w):
+        pairs = self._pairs(w)
+        if pairs and (x.ne[2] != 1 or x.ne[3] != 1):
+            raise ShapeError(f"LoRA on {w.name!r}: the activations {list(x.ne)} are not a matrix (not supported)")
+        for i, pair in pairs:
             delta = ops.mul_mat(pair.b, ops.mul_mat(pair.a, x))                  # [n_out, n]
             y = ops.add(y, ops.mul(delta, self._scale(i, pair, x.ne[1])))
         return y

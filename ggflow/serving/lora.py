@@ -14,7 +14,7 @@ import json
 from typing import Any, Sequence
 
 from fastapi import Request as HTTPRequest
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ggflow.errors import GGFlowError
 
@@ -79,10 +79,15 @@ def _entries(raw: bytes) -> list[LoraEntry]:
         raise GGFlowError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, list):
         raise GGFlowError("the request body must be an array of {\"id\": int, \"scale\": number}")
-    try:
-        return [LoraEntry.model_validate(e) for e in data]
-    except ValueError as exc:   # pydantic's ValidationError
-        raise GGFlowError(f"invalid lora entry: {exc.errors()[0]['msg'] if hasattr(exc, 'errors') else exc}") from None
+    entries = []
+    for i, e in enumerate(data):
+        try:
+            entries.append(LoraEntry.model_validate(e))
+        except ValidationError as exc:
+            raise GGFlowError(f"invalid request: [{i}]: " + "; ".join(
+                f"{'.'.join(str(p) for p in err.get('loc', ())) or 'entry'}: {err.get('msg')}"
+                for err in exc.errors())) from None
+    return entries
 
 
 def _no_constant(name: str) -> Any:
