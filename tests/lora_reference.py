@@ -40,6 +40,13 @@ def _convert(args: list[str]) -> None:
         pytest.skip(f"llama.cpp's converter failed here ({Path(args[0]).name}): {run.stderr[-600:]}")
 
 
+def convert_adapter(pair: LoraPair, outtype: str, out: Path) -> Path:
+    """The first adapter converted again, to ``outtype`` (f16, bf16, q8_0: its lora tensors' type)."""
+    _convert([str(LLAMACPP_SRC / "convert_lora_to_gguf.py"), str(pair.hf_adapter), "--base", str(pair.hf_base),
+              "--outfile", str(out), "--outtype", outtype])
+    return out
+
+
 def build_lora_pair(root: Path, n_adapters: int = 1, embed_tokens: bool = False) -> LoraPair:
     """The random base (seed 0) and n_adapters random adapters (seeds 1..n), converted."""
     for script in ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py"):
