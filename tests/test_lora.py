@@ -214,14 +214,20 @@ def _write_adapter(path, arch, pairs, alpha):
     return path
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen2-hs-f32.gguf", "tiny-gpt2-hs-f32.gguf"])
+@pytest.mark.parametrize("name", ["tiny-qwen2-hs-f32.gguf", "tiny-gpt2-hs-f32.gguf", "qwen3moe"])
 def test_adapter_equals_its_merged_weights(name, tmp_path):
     """W x + s B (A x) against (W + s B A) x, the merge llama.cpp's export-lora does, on the blocks' matrices
-    (gpt2's fused QKV, qwen2's biases). Tolerance 2e-4 on logits of magnitude ~1: float32 with the product
-    reassociated gives 1e-6 (qwen2); gpt2's GELU rounds its input to F16 for ggml's table, so a last-bit
-    difference can move a value by an F16 step (measured 1e-4, and as large with a 25 times smaller adapter:
-    the rounding, not the adapter)."""
-    src = DATA / "models" / name
+    (gpt2's fused QKV, qwen2's biases) and qwen3moe's stacks of experts (a pair per expert, build_lora_mm_id's
+    products). Tolerance 2e-4 on logits of magnitude ~1: float32 with the product reassociated gives 1e-6
+    (qwen2); gpt2's GELU rounds its input to F16 for ggml's table, so a last-bit difference can move a value by
+    an F16 step (measured 1e-4, and as large with a 25 times smaller adapter: the rounding, not the adapter)."""
+    if name == "qwen3moe":
+        pytest.importorskip("transformers", reason="the tiny MoE model is made in transformers")
+        from tests.fixtures.tiny_moe import write_tiny_moe
+        src = tmp_path / "moe.gguf"
+        write_tiny_moe(src, "qwen3moe")
+    else:
+        src = DATA / "models" / name
     rng = np.random.default_rng(0)
     img = read_image(src)
     base = Model.load(src)
@@ -229,19 +235,23 @@ def test_adapter_equals_its_merged_weights(name, tmp_path):
     s = np.float32(scale * alpha / rank)
     pairs, data = {}, bytearray(img.data)
     for t in img.tensors:
-        if not t.name.startswith("blk.") or len(t.ne) != 2 or t.type_id != 0:
+        # the router is left alone: the same experts are chosen on both sides
+        if not t.name.startswith("blk.") or len(t.ne) not in (2, 3) or t.type_id != 0 or "gate_inp" in t.name:
             continue
-        n_in, n_out = t.ne
-        a = (rng.standard_normal((rank, n_in)) * 0.05).astype(np.float32)
-        b = (rng.standard_normal((n_out, rank)) * 0.05).astype(np.float32)
-        pairs[t.name] = (a, b)
-        w = np.frombuffer(data, np.float32, n_in * n_out, t.offset).reshape(n_out, n_in)
+        n_in, n_out, n_expert = (*t.ne, 1)[:3]
+        a = (rng.standard_normal((n_expert, rank, n_in)) * 0.05).astype(np.float32)
+        b = (rng.standard_normal((n_expert, n_out, rank)) * 0.05).astype(np.float32)
+        pairs[t.name] = (a, b) if len(t.ne) == 3 else (a[0], b[0])
+        w = np.frombuffer(data, np.float32, n_in * n_out * n_expert, t.offset).reshape(n_expert, n_out, n_in)
         merged = (w + s * (b @ a)).astype(np.float32)
         data[t.offset:t.offset + merged.nbytes] = merged.tobytes()
     merged_path = tmp_path / "merged.gguf"
     merged_path.write_bytes(serialize(replace(img, data=bytes(data))))
     adapter = load_lora(_write_adapter(tmp_path / "adapter.gguf", img.arch, pairs, alpha), base)
-    ours = ggflow_logits(base, [adapter], [scale])
-    reference = ggflow_logits(Model.load(merged_path))
-    assert np.abs(reference - ggflow_logits(base)).max() > 0.05   # the adapter does something
+    if name == "qwen3moe":
+        assert adapter.pairs["blk.0.ffn_up_exps.weight"].a.n_dims == 3
+    tokens = [t % base.hparams.n_vocab for t in TOKENS]
+    ours = ggflow_logits(base, [adapter], [scale], tokens)
+    reference = ggflow_logits(Model.load(merged_path), tokens=tokens)
+    assert np.abs(reference - ggflow_logits(base, tokens=tokens)).max() > 0.05   # the adapter does something
     np.testing.assert_allclose(ours, reference, atol=2e-4, rtol=0)

@@ -183,6 +183,8 @@ class GraphBuilder:
 
         def experts_product(w: Tensor, b: Tensor | None, h: Tensor) -> Tensor:
             y = ops.mul_mat_id(w, h, chosen)
+            if self.lora is not None:
+                y = self.lora.apply_id(w, h, chosen, y)
             return y if b is None else ops.add_id(y, b, chosen)
 
         cur = ops.reshape(x, n_embd, 1, n)                                            # one row for every slot

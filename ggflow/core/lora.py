@@ -4,8 +4,10 @@ The file is a GGUF with ``general.type = "adapter"``, ``adapter.type = "lora"``,
 for each adapted weight ``W`` of the base model, a pair ``W.lora_a`` / ``W.lora_b`` (``W`` is the base
 tensor's name, e.g. ``blk.0.attn_q.weight``). With W of ne [n_in, n_out]: lora_a is [n_in, rank] and lora_b
 [rank, n_out], so the adapted product is ``W x + scale * B (A x)`` with ``scale = user_scale * alpha / rank``
-(``user_scale`` when alpha is 0), as llama.cpp's build_lora_mm. ``token_embd.weight`` (ne [n_embd, n_vocab])
-is the exception: its lora_a is [rank, n_vocab] (rows picked by token id) and lora_b [rank, n_embd].
+(``user_scale`` when alpha is 0), as llama.cpp's build_lora_mm. A stack of experts [n_in, n_out, n_expert] has
+a pair per expert, [n_in, rank, n_expert] and [rank, n_out, n_expert] (build_lora_mm_id). ``token_embd.weight``
+(ne [n_embd, n_vocab]) is the exception: its lora_a is [rank, n_vocab] (rows picked by token id) and lora_b
+[rank, n_embd].
 
 Loading checks what llama.cpp checks (llama_adapter_lora_init_impl), and names what is wrong: the file's
 types, its architecture against the model's, each tensor's suffix and pair, that the base model has the
@@ -118,12 +120,12 @@ def _check_shapes(pair: LoraPair, w: Tensor | None, path: str) -> None:
     if w is None:
         raise AdapterError(f"{path}: tensor {name!r} does not exist in the base model (an adapter for another "
                            "model?)")
-    if w.n_dims > 2:
-        raise AdapterError(f"{path}: tensor {name!r} is a stack of experts ({list(w.ne[:w.n_dims])}): LoRA on "
-                           "expert weights is not supported")
-    shapes = f"lora_a {list(a.ne[:a.n_dims])}, lora_b {list(b.ne[:b.n_dims])}, base {list(w.ne[:2])}"
-    if a.n_dims > 2 or b.n_dims > 2:
-        raise AdapterError(f"{path}: tensor {name!r}: lora_a and lora_b must be matrices ({shapes})")
+    shapes = (f"lora_a {list(a.ne[:a.n_dims])}, lora_b {list(b.ne[:b.n_dims])}, base "
+              f"{list(w.ne[:max(w.n_dims, 2)])}")
+    if w.n_dims > 3 or a.ne[2:] != w.ne[2:] or b.ne[2:] != w.ne[2:]:
+        # a stack of experts [n_in, n_out, n_expert] has one pair per expert: [n_in, rank, n_expert], ...
+        raise AdapterError(f"{path}: tensor {name!r} does not match the base model ({shapes}): an adapter for "
+                           "another model?")
     if name == TOKEN_EMBD:
         ok = w.ne[0] == b.ne[1] and w.ne[1] == a.ne[1] and a.ne[0] == b.ne[0]
     else:

@@ -116,6 +116,15 @@ class LoraGraph:
             y = ops.add(y, ops.mul(delta, self._scale(i, pair, x.ne[1])))
         return y
 
+    def apply_id(self, w: Tensor, x: Tensor, ids: Tensor, y: Tensor) -> Tensor:
+        """y = the chosen experts of w times x (mul_mat_id) plus each active adapter's B_e (A_e x) for the same
+        experts, times the token's scale. x [n_in, 1 or k, n], y [n_out, k, n]."""
+        for i, pair in self._pairs(w):
+            delta = ops.mul_mat_id(pair.b, ops.mul_mat_id(pair.a, x, ids), ids)  # [n_out, k, n]
+            s = self._scale(i, pair, x.ne[2])
+            y = ops.add(y, ops.mul(delta, ops.reshape(s, 1, 1, x.ne[2])))
+        return y
+
     def apply_rows(self, w: Tensor, rows: Tensor, y: Tensor) -> Tensor:
         """y = rows of w (the token embeddings) plus each active adapter's B a[rows] times the scale."""
         if w.name != TOKEN_EMBD:
