@@ -104,6 +104,20 @@ def test_llm_refuses_a_bad_lora_scale(pair):
         LLM(str(pair.base), lora_path=str(pair.adapters[0]), lora_scale=float("nan"), n_ctx=64)
 
 
+def test_adapter_on_the_vulkan_backend_matches_the_cpu(model, adapter):
+    """The low-rank products and the per-row scale run on Vulkan (its binary ops broadcast as ggml's repeat).
+    Tolerance 2e-5 as against peft: float32 on both, another summation order (measured 1.3e-6 on llvmpipe)."""
+    from tests.vulkan_harness import AVAILABILITY
+    if not AVAILABILITY:
+        pytest.skip(f"no Vulkan device: {AVAILABILITY.reason}")
+    on_cpu = ggflow_logits(model, [adapter], [1.0])
+    own = Model.load(model.path)   # a Vulkan context takes its model's weights (and the adapter's) to the device
+    ctx = Context(own, n_ctx=64, backends="vulkan", type_k="F32", type_v="F32")
+    ctx.set_lora([load_lora(adapter.path, own)], [1.0])
+    assert ctx.decode(Batch.from_tokens(TOKENS, all_logits=True)) == 0
+    np.testing.assert_allclose(ctx.get_logits(), on_cpu, atol=ATOL, rtol=0)
+
+
 # -- refusals ---------------------------------------------------------------------------------------
 def _rewrite(src, dst, kvs=None, tensors=None):
     img = read_image(src)
