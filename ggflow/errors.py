@@ -62,3 +62,7 @@ class ContextFullError(GGFlowError, ValueError):
 
 class GrammarError(GGFlowError, ValueError):
     """A grammar, JSON schema or regex that does not compile, or output that cannot continue it."""
+
+
+class AdapterError(ModelLoadError):
+    """A LoRA adapter file that is corrupt, not a LoRA adapter, or made for another base model."""

@@ -36,7 +36,7 @@ from ggflow.generation.request import Done, Request
 # llama-cpp-python Llama(...) options that change nothing here, accepted so a ported script runs as is
 IGNORED_LLAMA_OPTIONS = frozenset({"verbose", "logits_all", "embedding", "n_batch", "n_gpu_layers", "use_mmap",
                                    "use_mlock", "n_threads_batch", "offload_kqv", "flash_attn", "last_n_tokens_size",
-                                   "numa"})
+                                   "numa", "lora_base"})
 
 
 class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, StateMixin, CacheMixin):
@@ -44,14 +44,15 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, 
                  n_ctx: int | None = 2048, n_threads: int | None = None, n_ubatch: int = 512,
                  seed: int | None = None, type_k: str = "F16", type_v: str = "F16", vocab_only: bool = False,
                  context_shift: bool = False, n_keep: int = 0, pooling_type: "str | int | None" = None,
-                 draft_model: Any = None, **llama_cpp_options: Any):
+                 draft_model: Any = None, lora_path: "str | os.PathLike | None" = None,
+                 lora_scale: float = 1.0, **llama_cpp_options: Any):
         from ggflow.core.vocab import Vocab
 
         unknown = sorted(set(llama_cpp_options) - IGNORED_LLAMA_OPTIONS)
         if unknown:
             raise ArgumentError(unknown[0], llama_cpp_options[unknown[0]], "left out: LLM takes model_path, backend, "
                                 "n_ctx, n_threads, n_ubatch, seed, type_k, type_v, vocab_only, context_shift, n_keep, "
-                                "pooling_type, draft_model")
+                                "pooling_type, draft_model, lora_path, lora_scale")
         if model_path is not None and not isinstance(model_path, str) and not hasattr(model_path, "__fspath__"):
             raise ArgumentError("model_path", model_path, "a path to a GGUF file (or None for the default model)")
         n_ctx = A.check_n_ctx(n_ctx)
@@ -85,6 +86,9 @@ class LLM(TokensMixin, CompletionMixin, ChatMixin, EmbeddingMixin, RerankMixin, 
                            cells=self.model.arch.kv_cells(hp, size, n_ubatch))
         self.context = Context(self.model, n_ctx=size, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
                                backends=backend, n_threads=n_threads)
+        if lora_path is not None:   # llama-cpp-python's one adapter (lora_base, for a quantized base, is not needed)
+            from ggflow.core.lora import load_lora
+            self.context.set_lora([load_lora(lora_path, self.model)], [A.check_number("lora_scale", lora_scale)])
         from ggflow.generation.engine import Engine
         self._engine = Engine(self.context, n_slots=1, max_queue=1, context_shift=self.context_shift,
                               n_keep=self.n_keep)

@@ -11,6 +11,7 @@ from typing import Any
 from ggflow.cli.args import int_at_least, port_number
 from ggflow.cli import serve_models
 from ggflow.cli.common import add_hub_option, backend_names, hub_model_path
+from ggflow.cli.lora_args import add_lora_arguments
 from ggflow.cli.speculative_args import add_speculative_arguments, check_speculative_args, drafter_from_args
 from ggflow.errors import GGFlowError
 from ggflow.process_heap import freeze_loaded_objects
@@ -72,6 +73,7 @@ def add_parser(subparsers: Any) -> None:
     add_speculative_arguments(parser)
     parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
     serve_models.add_options(parser)
+    add_lora_arguments(parser)
     ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve as Ray Serve replicas with prefix-aware routing")
     ray.add_argument("--replicas", type=int, default=1, help="model replicas, each with -np slots (default 1)")
@@ -92,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         raise GGFlowError(f"ggflow serve needs the server extra: pip install 'ggflow[server]' ({exc})") from None
     from ggflow.api import default_model_path
     from ggflow.serving.engine import Engine
+    from ggflow.serving.lora import load_adapters
     from ggflow.serving.rerank import ServingModes
 
     if args.parallel < 1:
@@ -104,11 +107,16 @@ def run(args: argparse.Namespace) -> int:
     if check_speculative_args(args) != "none" and serve_models.wanted(args):
         raise GGFlowError("speculation (--spec-type, -md) serves one model: leave it out with --models-dir, "
                           "--models-config or --sleep-idle-seconds")
+    if args.lora_adapters and serve_models.wanted(args):
+        raise GGFlowError("--lora serves one model: leave it out with --models-dir, --models-config or "
+                          "--sleep-idle-seconds")
     if args.models_dir or args.models_config:
         return serve_models.run_pool(args, serve_models.build_pool(args, None), limits, connection_limits)
     path = hub_model_path(args) if args.hf_repo else args.model or default_model_path()
     if not os.path.isfile(path):
         raise GGFlowError(f"model file not found: {path}")
+    if args.ray and args.lora_adapters:
+        raise GGFlowError("--lora is not supported with --ray yet")
     if serve_models.wanted(args):   # --sleep-idle-seconds on one model
         return serve_models.run_pool(args, serve_models.build_pool(args, path), limits, connection_limits)
     if args.ray:
@@ -125,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
                                  context_shift=args.context_shift, n_keep=args.keep)
             modes.check_model(engine.ctx.model)
             engine.drafter = drafter_from_args(args, engine.ctx, backend_names(args.backend))
+            load_adapters(engine.ctx, args.lora_adapters)
             freeze_loaded_objects()
             engine.start()
             state.engine = engine

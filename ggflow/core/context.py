@@ -20,7 +20,7 @@ from ggflow.core.backend_registry import make_backends
 from ggflow.core.batch import Batch, BatchError, UBatch, sequences_of
 from ggflow.core.graph import Graph
 from ggflow.core.graph_builder import GraphBuilder
-from ggflow.core.memory import Memory, Slot
+from ggflow.core.memory import MAX_SEQ, Memory, Slot
 from ggflow.core.model import Model
 from ggflow.core.placement import kv_writes, memory_backend
 from ggflow.core.scheduler import Scheduler
@@ -42,7 +42,7 @@ GRAPHS_KEPT = 16
 
 @dataclass
 class _BuiltGraph:
-    key: tuple[int, int, int, bool]   # n_tokens, n_outputs, n_kv, embeddings
+    key: tuple   # n_tokens, n_outputs, n_kv, embeddings, the LoRA adapters in use
     graph: Graph
     builder: GraphBuilder
     logits: Tensor
@@ -72,6 +72,7 @@ class Context:
         self.embeddings = False   # outputs are hidden states (get_embeddings), not logits: set_embeddings
         self._logits = np.zeros((0, model.hparams.n_vocab), np.float32)
         self._logit_row: dict[int, int] = {}   # batch index -> row of _logits
+        self.lora = None   # the LoRA adapters and each sequence's mix of them (lora_mix.LoraSet): set_lora
 
     # -- validation ----------------------------------------------------------------------------
     def _validate(self, batch: Batch) -> None:
@@ -123,7 +124,8 @@ class Context:
         return DECODE_OK
 
     def _graph_for(self, ub: UBatch, n_kv: int) -> _BuiltGraph:
-        key = (ub.n_tokens, ub.n_outputs, n_kv, self.embeddings)
+        active = self.lora.active(ub.seq_id) if self.lora is not None else ()
+        key = (ub.n_tokens, ub.n_outputs, n_kv, self.embeddings, active)
         built = self._graphs.get(key)
         if built is not None:
             if self.scheduler.graph is built.graph or self.scheduler.use(built.graph):
@@ -133,6 +135,8 @@ class Context:
             del self._graphs[key]   # its memory was replaced by a larger graph's: built again below
         builder = GraphBuilder(self.model, self.memory, ub.n_tokens, ub.n_outputs, n_kv,
                                embeddings=self.embeddings)
+        if active:
+            builder.lora = self.lora.graph(active, ub.n_tokens, builder.inp_out_ids)
         logits = builder.output(self.model.arch.build_graph(builder))
         graph = builder.finish(logits)
         self.scheduler.alloc(graph)
@@ -155,6 +159,7 @@ class Context:
             b.inp_pos: ub.pos,
             b.inp_out_ids: np.flatnonzero(ub.logits).astype(np.int32),
             **self.memory.input_data(b.inp_memory, ub, slot),
+            **(self.lora.input_data(b.lora, ub) if b.lora is not None else {}),
         }
         for tensor, data in inputs.items():
             if tensor in built.graph:  # an architecture may not use every input (gpt2: no RoPE)
@@ -164,6 +169,16 @@ class Context:
             hp = self.model.hparams
             return np.zeros((0, hp.n_embd if self.embeddings else hp.n_vocab), np.float32)
         return sched.get_output(built.logits).reshape(ub.n_outputs, -1)
+
+    def set_lora(self, adapters: Sequence, scales: Sequence[float]) -> None:
+        """Use these LoRA adapters (ggflow.core.lora.load_lora), each sequence at ``scales`` until given its own
+        mix (``self.lora.set_sequence``); no adapters: none. The graphs are built again."""
+        from ggflow.core.lora_mix import LoraSet
+
+        self.lora = LoraSet(adapters, scales, getattr(self.memory, "n_seq_max", MAX_SEQ)) if adapters else None
+        for adapter in adapters:
+            self.backends[0].adopt_weights(adapter.tensors)
+        self._forget_graphs()
 
     # -- results -------------------------------------------------------------------------------
     def get_logits(self) -> np.ndarray:

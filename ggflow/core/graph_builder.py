@@ -19,6 +19,7 @@ from ggflow.core.tensor import Tensor
 from ggflow.plugins.removed import removed_names
 
 if TYPE_CHECKING:
+    from ggflow.core.lora_mix import LoraGraph
     from ggflow.core.memory import Memory
     from ggflow.core.model import Model
 
@@ -41,8 +42,9 @@ SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0   # llama.cpp's constants for gp
 
 class GraphBuilder:
     def __init__(self, model: "Model", memory: "Memory", n_tokens: int, n_outputs: int, n_kv: int,
-                 embeddings: bool = False):
+                 embeddings: bool = False, lora: "LoraGraph | None" = None):
         self.model, self.hp, self.memory = model, model.hparams, memory
+        self.lora = lora   # LoRA adapters of this ubatch's sequences, added at each adapted product (lora_mix.py)
         self.n_tokens, self.n_outputs, self.n_kv = n_tokens, n_outputs, n_kv
         self.embeddings = embeddings   # output the final hidden state instead of logits (llama.cpp's t_embd)
         self.t_embd: Tensor | None = None
@@ -62,6 +64,8 @@ class GraphBuilder:
     def token_embeddings(self, tok_embd: Tensor, scale: float | None = None) -> Tensor:
         """The rows of tok_embd for the ubatch's tokens, times scale when given (e.g. sqrt(n_embd))."""
         x = ops.get_rows(tok_embd, self.inp_tokens)                               # [n_embd, n_tokens]
+        if self.lora is not None:
+            x = self.lora.apply_rows(tok_embd, self.inp_tokens, x)
         return ops.scale(x, scale) if scale is not None else x
 
     def position_embeddings(self, pos_embd: Tensor) -> Tensor:
@@ -78,8 +82,13 @@ class GraphBuilder:
 
     def linear(self, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
         """x @ w^T (+ b): w's rows are the output features."""
-        y = ops.mul_mat(w, x)
+        y = self.mm(w, x)
         return ops.add(y, b) if b is not None else y
+
+    def mm(self, w: Tensor, x: Tensor) -> Tensor:
+        """w x, plus the LoRA adapters' low-rank products where w is adapted (llama.cpp's build_lora_mm)."""
+        y = ops.mul_mat(w, x)
+        return y if self.lora is None else self.lora.apply(w, x, y)
 
     def qkv(self, x: Tensor, layer) -> tuple[Tensor, Tensor, Tensor]:
         """Project x to heads of Q, K, V with the layer's wq/wk/wv and, where it has them, bq/bk/bv.
@@ -92,6 +101,8 @@ class GraphBuilder:
             # one after another in the graph, before what reads them (llama.cpp's build_attn expands q, k and
             # v together too): a backend may run products of one x as one call (the CPU's product groups)
             self.graph.expand(product)
+        if self.lora is not None:
+            products = [self.lora.apply(w, x, y) for w, y in zip((layer.wq, layer.wk, layer.wv), products)]
         q, k, v = (y if bias is None else ops.add(y, bias)
                    for y, bias in zip(products, (getattr(layer, name, None) for name in ("bq", "bk", "bv"))))
         return (self.split_heads(q, hp.n_embd_head_k), self.split_heads(k, hp.n_embd_head_k),
@@ -182,6 +193,8 @@ class GraphBuilder:
 
         def experts_product(w: Tensor, b: Tensor | None, h: Tensor) -> Tensor:
             y = ops.mul_mat_id(w, h, chosen)
+            if self.lora is not None:
+                y = self.lora.apply_id(w, h, chosen, y)
             return y if b is None else ops.add_id(y, b, chosen)
 
         cur = ops.reshape(x, n_embd, 1, n)                                            # one row for every slot
@@ -252,7 +265,7 @@ class GraphBuilder:
         if self.embeddings:
             self.t_embd = x
             return x
-        return ops.mul_mat(output, x)
+        return self.mm(output, x)
 
     def split_heads(self, x: Tensor, head_dim: int) -> Tensor:
         """[head_dim * n, n_tokens] -> [head_dim, n, n_tokens]."""

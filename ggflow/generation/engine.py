@@ -36,6 +36,7 @@ from ggflow.core.sampling import LogitsProcessorSampler, build_chain
 from ggflow.errors import ContextFullError, GGFlowError
 from ggflow.generation.context_shift import shift_sequence
 from ggflow.generation.greedy_rows import NO_TOKEN, argmax_rows
+from ggflow.generation.lora_slots import check_request, holds_mix, mix_for, share_mix, take_mix
 from ggflow.generation.metrics import EngineMetrics
 from ggflow.generation.prefix_cache import PrefixSharing
 from ggflow.generation.records import Timings
@@ -134,6 +135,7 @@ class Engine:
             raise GGFlowError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab.n_vocab})")
         if request.max_tokens is not None and request.max_tokens < 1:
             raise GGFlowError(f"max_tokens must be at least 1, got {request.max_tokens}")
+        check_request(self.ctx, request)
         chain = build_chain(request.sampling, vocab_size=self.vocab.n_vocab, vocab=self.vocab)
         for fn in reversed(request.logits_processors):
             chain.samplers.insert(0, LogitsProcessorSampler(fn))
@@ -273,12 +275,15 @@ class Engine:
                 self._n_idle = len(idle) - (0 if request.cancelled else 1 + len(request.siblings))
             if request.cancelled:
                 continue
-            slot, reuse = self._prefixes.place(idle, request)   # the longest prefix any slot holds (prefix_cache.py)
+            mix = mix_for(self.ctx, request)   # its LoRA mix: cached cells are shared only among the same (lora_slots.py)
+            slot, reuse = self._prefixes.place(idle, request, lambda s: holds_mix(self.ctx, s, mix))
+            take_mix(self.ctx, slot, mix)
             slot.assign(request, reuse, self.vocab)
             others = sorted((s for s in idle if s is not slot), key=lambda s: s.t_last_used)
             slot.forks = others[: len(request.siblings)]
             for fork, sibling in zip(slot.forks, request.siblings):
                 self._forget_cache(fork)
+                share_mix(self.ctx, slot, fork)
                 fork.assign(sibling, 0, self.vocab, forked=True)
                 fork.leader = slot
 

@@ -119,12 +119,16 @@ class PrefixSharing:
         self.enabled = share and self.unified
         self.index = PrefixIndex()
 
-    def longest(self, prompt: Sequence[int]) -> tuple[Slot | None, int]:
-        """The slot (busy or idle) whose KV cache holds the longest prefix of ``prompt``, and its length."""
+    def longest(self, prompt: Sequence[int], compatible: Callable[[Slot], bool] = lambda s: True
+                ) -> tuple[Slot | None, int]:
+        """The slot (busy or idle, ``compatible``) whose KV cache holds the longest prefix of ``prompt``, and its
+        length."""
         self.index.refresh(self.slots)
         best, n = None, 0
         for sid in self.index.holders(prompt):
             s = self.slots[sid]
+            if not compatible(s):
+                continue
             k = common_prefix_length(s.reusable_tokens(), prompt)
             if k > n:
                 best, n = s, k
@@ -144,9 +148,11 @@ class PrefixSharing:
                 return request
         return None
 
-    def place(self, idle: Sequence[Slot], request: Any) -> tuple[Slot, int]:
+    def place(self, idle: Sequence[Slot], request: Any, compatible: Callable[[Slot], bool] = lambda s: True
+              ) -> tuple[Slot, int]:
         """Choose the idle slot for ``request`` and leave in its sequence the cached prefix it starts from;
-        returns (slot, tokens reused). The slot's ``cache_tokens`` start with that prefix.
+        returns (slot, tokens reused). The slot's ``cache_tokens`` start with that prefix. Only ``compatible``
+        slots' cells are reused (computed as this request's would be: the same LoRA mix).
 
         The request extends an idle holder in place only where that loses nothing (the holder's whole cache is
         the prefix, or the holder is the slot to recycle anyway); otherwise it takes an empty or the least
@@ -154,14 +160,17 @@ class PrefixSharing:
         prompt = request.prompt
         limit = 0 if request.prompt_logprobs else len(prompt) - 1   # the last token is evaluated for its logits
         if not self.enabled:
-            slot, own = choose_slot(idle, prompt)
+            same = [s for s in idle if compatible(s)]
+            slot, own = choose_slot(same, prompt) if same else (None, 0)
+            if not own:
+                slot, own = choose_slot(idle, ())   # the least recently used, nothing reused
             return slot, self._cut(slot, min(own, limit))
-        holder, shared = self.longest(prompt)
+        holder, shared = self.longest(prompt, compatible)
         shared = min(shared, limit)
         spare = min(idle, key=lambda s: (len(s.cache_tokens) > 0, s.t_last_used))
         if holder is None or shared == 0:
             return spare, self._cut(spare, 0)
-        if holder in idle and (holder is spare or shared >= holder.n_reusable):
+        if holder in idle and (holder is spare or shared >= holder.n_reusable):   # compatible: its mix
             return holder, self._cut(holder, shared)
         self.memory.seq_rm(spare.seq_id, 0, -1)
         self.memory.seq_cp(holder.seq_id, spare.seq_id, 0, shared)

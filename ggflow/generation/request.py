@@ -65,6 +65,7 @@ class Request:
     logits_processors: Sequence[Callable] = ()  # (token_ids, logits) -> logits, first in the chain
     stopping_criteria: Sequence[Callable] = ()  # (token_ids, logits) -> bool: True ends with "stop"
     siblings: Sequence["Request"] = ()         # n > 1: choices that continue from this one's evaluated prompt
+    lora: "dict[int, float] | None" = None     # LoRA adapter id -> scale, the others 0 (None: the default mix)
     id: int = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self):

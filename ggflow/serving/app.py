@@ -32,6 +32,7 @@ from ggflow.serving.embeddings import embed_tokens
 from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, DetokenizeBody, EmbeddingBody,
                                           TokenizeBody)
 from ggflow.serving.prometheus import metrics_text
+from ggflow.serving.lora import add_lora_routes
 from ggflow.serving.rerank import add_rerank_routes
 from ggflow.serving.generation import generate
 from ggflow.serving.limits import BodyLimits, BodyTimeoutError, BodyTooLargeError, ServerLimits
@@ -196,6 +197,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     add_rerank_routes(app, state, _parse)
     add_chat_page(app)
+    add_lora_routes(app, state)
     return app
 
 

@@ -41,6 +41,8 @@ def embed_tokens(engine: Any, token_lists: Sequence[list[int]]) -> list[list[flo
         token_lists = [fit_tokens(t, limit, False, f"input[{i}]", True) for i, t in enumerate(token_lists)]
         return [l2_normalize(v).tolist() for v in embed_token_lists(ctx, token_lists, kind)]
     seq = spare_sequence(engine)
+    if getattr(ctx, "lora", None) is not None:   # the LoRA adapters' default mix (POST /lora-adapters)
+        ctx.lora.set_sequence(seq, ctx.lora.scales)
     vectors = []
     ctx.set_embeddings(True)
     try:

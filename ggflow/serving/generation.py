@@ -20,6 +20,7 @@ from ggflow.generation.records import Completion
 from ggflow.generation.request import Done, Piece, Request
 from ggflow.serving.rerank import check_can_generate
 from ggflow.serving.handoff import Mailbox
+from ggflow.serving.lora import request_mix
 from ggflow.serving.openai_params import GenerationBody
 from ggflow.serving.responses import (ChoiceShape, ResponseIds, chunk, error_body, error_response, final_chunk,
                                      full_response, tool_calls_chunk, usage_chunk)
@@ -70,7 +71,8 @@ async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, toke
     events = [_Events(pieces=body.stream) for _ in range(body.n)]
     requests = [Request(tokens, e.on_event, max_tokens=body.token_limit(default_max_tokens),
                         sampling=_choice_seed(sampling, i), stop=body.stops(), grammar=grammar, n_top=n_top,
-                        prompt_logprobs=echo and n_top is not None) for i, e in enumerate(events)]
+                        prompt_logprobs=echo and n_top is not None, lora=request_mix(body.lora))
+                for i, e in enumerate(events)]
     requests[0].siblings = requests[1:]
     engine.submit(requests[0])   # raises the 400 / 503 refusals before anything is sent
     if body.stream:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ggflow.core.sampling import SamplingParams
 from ggflow.core.sampling_stages import sampler_stages
 from ggflow.errors import GGFlowError
+from ggflow.serving.lora import LoraEntry
 
 if TYPE_CHECKING:
     from ggflow.structured import Grammar
@@ -58,6 +59,7 @@ class GenerationBody(_Strict):
     xtc_probability: float | None = None
     xtc_threshold: float | None = None
     top_n_sigma: float | None = None
+    lora: list[LoraEntry] | None = None        # llama-server's per-request adapter mix (serving/lora.py)
     mirostat: int | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
