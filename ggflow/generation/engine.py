@@ -136,6 +136,7 @@ class Engine:
         if request.grammar is not None:   # a grammar the vocabulary cannot use is refused here too
             from ggflow.structured import GrammarSampler
             request.constraint = GrammarSampler(request.grammar, self.vocab)
+            request.constraint.check_start()   # a grammar that cannot start is refused, not a 500 mid-step
 
     def call_soon(self, fn: Callable[[], Any]) -> Future:
         """Run fn in the engine thread before its next step (the Context is touched only there)."""

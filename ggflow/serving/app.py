@@ -22,6 +22,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ggflow.api.arguments import check_messages
 from ggflow.core.sampling import SamplingParams
 from ggflow.errors import GGFlowError
 from ggflow.structured.chat_tools import ToolCalling
@@ -154,7 +155,7 @@ def create_app(state: ServerState) -> FastAPI:
                 raise GGFlowError(f"{len(prompt)} prompts in one request are not supported: send one per request")
             prompt = prompt[0]
         tokens = engine.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        body = _capped(body, COMPLETION_DEFAULT_MAX_TOKENS, state.limits)
+        body = _capped(body, COMPLETION_DEFAULT_MAX_TOKENS, state.limits, engine.n_ctx)
         return await generate(http, engine, body, tokens, ResponseIds(False, state.model_name),
                               COMPLETION_DEFAULT_MAX_TOKENS, grammar=body.constraint(),
                               prompt_text=prompt if isinstance(prompt, str) else engine.vocab.detokenize(tokens))
@@ -181,7 +182,7 @@ def create_app(state: ServerState) -> FastAPI:
         template = state.chat_template()
         tools = ToolCalling.for_request(body.tools, body.tool_choice, body.parallel_tool_calls, template.source)
         grammar = body.constraint()
-        messages = body.messages
+        messages = check_messages(body.messages)   # LLM's rules: roles, text parts only (an image is a 400)
         if tools is not None:
             tool_grammar = tools.grammar()
             if grammar is not None and tool_grammar is not None:
@@ -189,7 +190,7 @@ def create_app(state: ServerState) -> FastAPI:
             grammar = grammar or tool_grammar
             messages = tools.messages(messages)
         tokens = chat_prompt_tokens(template, engine.vocab, messages, tools=body.tools)
-        body = _capped(body, engine.n_ctx, state.limits)
+        body = _capped(body, engine.n_ctx, state.limits, engine.n_ctx)
         return await generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx,
                               grammar=grammar, tools=tools)
 
@@ -240,11 +241,11 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _capped(body: _Body, default_max_tokens: int, limits: ServerLimits) -> _Body:
+def _capped(body: _Body, default_max_tokens: int, limits: ServerLimits, n_ctx: int) -> _Body:
     """As llama-server's -n: a request asking for more tokens than the cap (or for no limit) gets the cap."""
     if limits.max_tokens_cap is None:
         return body
-    wanted = body.token_limit(default_max_tokens)  # type: ignore[attr-defined]
+    wanted = body.token_limit(default_max_tokens, n_ctx)  # type: ignore[attr-defined]
     return body.model_copy(update={"max_completion_tokens": limits.cap_tokens(wanted)})
 
 

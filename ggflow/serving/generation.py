@@ -66,9 +66,9 @@ async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, toke
     n_top = body.top_logprobs_count(engine.vocab.n_vocab)
     echo = bool(getattr(body, "echo", False))
     shape = ChoiceShape(engine.vocab, n_top is not None, prompt_text if echo else None)
-    sampling = body.sampling(engine.vocab.special.eog)
+    sampling = body.sampling(engine.vocab.special.eog, engine.vocab.n_vocab)
     events = [_Events(pieces=body.stream) for _ in range(body.n)]
-    requests = [Request(tokens, e.on_event, max_tokens=body.token_limit(default_max_tokens),
+    requests = [Request(tokens, e.on_event, max_tokens=body.token_limit(default_max_tokens, engine.n_ctx),
                         sampling=_choice_seed(sampling, i), stop=body.stops(), grammar=grammar, n_top=n_top,
                         prompt_logprobs=echo and n_top is not None) for i, e in enumerate(events)]
     requests[0].siblings = requests[1:]
