@@ -169,9 +169,9 @@ def check_messages(value: Any) -> list[dict[str, Any]]:
             for j, part in enumerate(content):
                 kind = part.get("type") if isinstance(part, Mapping) else None
                 if kind in _NOT_TEXT_PARTS:   # said, not dropped: the reply would ignore what the user sent
-                    raise ArgumentError(f"{where}['content'][{j}]['type']", kind,
-                                        f'"text": {_NOT_TEXT_PARTS[kind]} content parts are not supported '
-                                        "(ggflow's models read text only)")
+                    raise ArgumentError(f"{where}['content'][{j}]", {"type": kind},
+                                        f'{{"type": "text", "text": a string}}: {_NOT_TEXT_PARTS[kind]} content '
+                                        "parts are not supported (ggflow's models read text only)")
                 if not (isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                     raise ArgumentError(f"{where}['content'][{j}]", part, '{"type": "text", "text": a string}')
         elif not isinstance(content, str):
