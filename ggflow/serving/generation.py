@@ -90,7 +90,11 @@ async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, toke
         if len(done) < len(requests):   # the handler was cancelled or failed: nobody will read the results
             for r in requests:
                 r.cancel()
-    return full_response(ids, [d.completion for d in done], tools, shape)
+    out = full_response(ids, [d.completion for d in done], tools, shape)
+    for choice, r in zip(out["choices"], requests):
+        if r.evicted:   # "length" because the shared KV cache was full, not because of max_tokens or n_ctx
+            choice["evicted"] = True
+    return out
 
 
 async def _wait_done(http: HTTPRequest, events: _Events) -> Done | None:
@@ -118,7 +122,7 @@ def _sse_line(payload: dict[str, Any]) -> str:
 
 
 def _closing_lines(ids: ResponseIds, done: Completion, include_usage: bool, calls: Any,
-                   shape: ChoiceShape) -> list[str]:
+                   shape: ChoiceShape, evicted: bool = False) -> list[str]:
     """After the last piece: held-back text and tool calls, the finishing chunk, usage if asked."""
     lines, finish = [], done.finish_reason
     if calls is not None:
@@ -128,7 +132,10 @@ def _closing_lines(ids: ResponseIds, done: Completion, include_usage: bool, call
         if found:
             lines.append(_sse_line(tool_calls_chunk(ids, found)))
             finish = FINISH_TOOL_CALLS if finish == "stop" else finish
-    lines.append(_sse_line(final_chunk(ids, done, finish)))
+    last = final_chunk(ids, done, finish)
+    if evicted:
+        last["choices"][0]["evicted"] = True
+    lines.append(_sse_line(last))
     if include_usage:
         lines.append(_sse_line(usage_chunk(ids, done)))
     return lines
@@ -162,7 +169,7 @@ async def _sse(events: _Events, request: Request, ids: ResponseIds, include_usag
                     lines.append(_sse_line(error_body(event.error, "server_error", 500)))
                     break
                 done = event.completion
-                lines.extend(_closing_lines(ids, done, include_usage, calls, shape))
+                lines.extend(_closing_lines(ids, done, include_usage, calls, shape, request.evicted))
                 break
             if ended:
                 lines.append("data: [DONE]\n\n")

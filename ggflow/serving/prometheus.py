@@ -16,6 +16,8 @@ COUNTERS = (
     ("tokens_predicted", "Number of generation tokens processed", "tokens_predicted_total"),
     ("tokens_predicted_seconds", "Total time spent generating tokens", "tokens_predicted_seconds_total"),
     ("n_decode", "Total number of decode calls", "n_decode_total"),
+    ("requests_evicted", "Requests ended (finish_reason length, evicted) to make room in the full shared KV cache",
+     "n_evicted_total"),
 )
 GAUGES = (
     ("n_tokens_max", "Largest observed sequence length (prompt + generation)"),
