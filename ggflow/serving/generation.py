@@ -20,6 +20,7 @@ from ggflow.generation.records import Completion
 from ggflow.generation.request import Done, Piece, Request
 from ggflow.serving.rerank import check_can_generate
 from ggflow.serving.handoff import Mailbox
+from ggflow.serving.offload import off_loop
 from ggflow.serving.openai_params import GenerationBody
 from ggflow.serving.responses import (ChoiceShape, ResponseIds, chunk, error_body, error_response, final_chunk,
                                      full_response, tool_calls_chunk, usage_chunk)
@@ -72,7 +73,11 @@ async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, toke
                         sampling=_choice_seed(sampling, i), stop=body.stops(), grammar=grammar, n_top=n_top,
                         prompt_logprobs=echo and n_top is not None) for i, e in enumerate(events)]
     requests[0].siblings = requests[1:]
-    engine.submit(requests[0])   # raises the 400 / 503 refusals before anything is sent
+    try:   # chains, grammars (DRY's breakers, llguidance) built off the loop; the 400 / 503 refusals raise here
+        await off_loop(engine.submit, requests[0])
+    except asyncio.CancelledError:   # the client left while it was being submitted
+        requests[0].cancel()
+        raise
     if body.stream:
         return StreamingResponse(_sse(events[0], requests[0], ids, body.include_usage, tools, shape),
                                  media_type="text/event-stream",

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 _SPACE_MARK = "\u2581"      # SentencePiece's visible space
 _C_SPACE = " \t\n\v\f\r"    # C isspace() in the "C" locale: what lstrip/rstrip attributes strip
+# a fragment longer than this is encoded with ``encode_batch``, which releases the GIL (``encode`` holds it for
+# the whole text: seconds for 1 MiB, while a server's event loop waits)
+_LONG_FRAGMENT = 4096
 
 
 def _well_formed(text: str) -> str:
@@ -201,7 +204,10 @@ class Vocab:
             if isinstance(fragment, int):
                 out.append(fragment)
                 continue
-            ids = self.hf_tokenizer.encode(fragment, add_special_tokens=False).ids
+            if len(fragment) > _LONG_FRAGMENT:   # the same ids; encode_batch lets other threads run meanwhile
+                ids = self.hf_tokenizer.encode_batch([fragment], add_special_tokens=False)[0].ids
+            else:
+                ids = self.hf_tokenizer.encode(fragment, add_special_tokens=False).ids
             out += [i for i in ids if i != missing] if missing in ids else ids
 
     # ---- ids -> text --------------------------------------------------------------------------
