@@ -117,8 +117,8 @@ def test_a_grammar_that_cannot_produce_a_first_token_is_400(server, route, const
 def test_llm_refuses_those_grammars_before_generating(llm, constraint):
     kwargs = ({"grammar": constraint["grammar"]} if "grammar" in constraint
               else {"json_schema": constraint["json_schema"]})
-    with pytest.raises(GGFlowError, match="grammar"):
-        llm.generate("Hi", max_tokens=4, **kwargs)
+    with pytest.raises(GGFlowError, match="grammar"):   # at the call, before a stream is handed back
+        llm.generate("Hi", max_tokens=4, stream=True, **kwargs)
 
 
 @pytest.mark.parametrize("constraint", [{"grammar": 'root ::= "a"{200}'}, {"grammar": 'root ::= "yes" | "no"'},
