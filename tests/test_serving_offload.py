@@ -59,3 +59,18 @@ def test_the_loop_answers_while_large_bodies_are_tokenized(server):
         c.join()
     assert len(waits) >= 5
     assert max(waits) < 0.25 * alone, (max(waits), alone)
+
+
+def test_dry_compiles_where_its_sampler_is_built_not_in_the_engine_step():
+    """In a fresh process: building a DRY sampler (what Engine.submit does, off the loop) leaves its kernel
+    compiled, so the first engine step that applies it does not stall every slot while numba compiles."""
+    import subprocess
+    import sys
+
+    code = ("from ggflow.samplers_builtin.penalties import Dry, dry_continuations\n"
+            "assert not dry_continuations.signatures\n"
+            "Dry(multiplier=0.8, sequence_breakers=[[5], [6, 7]])\n"
+            "print(len(dry_continuations.signatures))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "1"
