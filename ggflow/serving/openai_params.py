@@ -97,7 +97,7 @@ class GenerationBody(_Strict):
         return grammar_from_request(self.grammar, self.json_schema, self.response_format)
 
     def stops(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return A.check_stop(self.stop)   # as LLM reads it: "" is no stop string
 
     def token_limit(self, default: int, until_end: int | None = None) -> int:
         """The request's max_tokens (max_completion_tokens, n_predict): ``default`` when it gives none; -1:
