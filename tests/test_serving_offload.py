@@ -8,6 +8,7 @@ load against the time one large /tokenize takes alone (the old code answered /he
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 import time
 
@@ -58,7 +59,9 @@ def test_the_loop_answers_while_large_bodies_are_tokenized(server):
     for c in clients:
         c.join()
     assert len(waits) >= 5
-    assert max(waits) < 0.25 * alone, (max(waits), alone)
+    # the old code answered a poll only between two tokenizations: half of them waited ~alone / 2 or more;
+    # the slowest poll allows for a loaded machine's scheduling (the GIL passes every few ms)
+    assert statistics.median(waits) < 0.1 * alone and max(waits) < 0.5 * alone, (sorted(waits)[-5:], alone)
 
 
 def test_dry_compiles_where_its_sampler_is_built_not_in_the_engine_step():
