@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -15,6 +17,9 @@ import numpy as np
 from ggflow.errors import ArgumentError
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+# OpenAI's content part types that are not text -> what they carry
+_NOT_TEXT_PARTS = {"image_url": "image", "image": "image", "input_image": "image", "input_audio": "audio",
+                   "audio": "audio", "audio_url": "audio", "file": "file", "input_file": "file", "video_url": "video"}
 
 
 def _is_int(value: Any) -> bool:
@@ -63,10 +68,11 @@ def check_bool(name: str, value: Any) -> bool:
 
 # -- generation arguments ------------------------------------------------------------------------------
 def check_max_tokens(value: Any) -> int | None:
-    """None or <= 0: no limit (until the end of text or a full context, as llama.cpp's n_predict -1)."""
+    """None, -1 or 0: no limit (until the end of text or a full context, as llama.cpp's n_predict -1);
+    below -1 is refused (-2 or -2**63 is a mistake, not a wish for no limit)."""
     if value is None:
         return None
-    value = check_int("max_tokens", value)
+    value = check_range("max_tokens", value)
     return value if value > 0 else None
 
 
@@ -114,7 +120,7 @@ def check_token_ids(value: Any, n_vocab: int, name: str = "prompt") -> list[int]
 def check_prompt(value: Any, n_vocab: int) -> "str | list[int]":
     """Text, or token ids."""
     if isinstance(value, str):
-        return value
+        return check_no_surrogates("prompt", value)
     if value is None or isinstance(value, (bytes, dict, numbers.Number)):
         raise ArgumentError("prompt", value, "a string or a list of integer token ids")
     return check_token_ids(value, n_vocab)
@@ -129,6 +135,17 @@ def check_text(value: Any, name: str = "text") -> str:
             raise ArgumentError(name, value, f"a string or valid UTF-8 bytes ({exc.reason} at byte {exc.start})")
     if not isinstance(value, str):
         raise ArgumentError(name, value, "a string or UTF-8 bytes")
+    return check_no_surrogates(name, value)
+
+
+def check_no_surrogates(name: str, value: str) -> str:
+    """A str with no lone UTF-16 surrogate ("\\ud800"): such a str is not text (no UTF-8 can spell it), as the
+    server refuses a body that escapes one; the vocabulary alone would read it as U+FFFD."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ArgumentError(name, value, f"text (a lone UTF-16 surrogate {value[exc.start]!r} at index "
+                                         f"{exc.start} is not a character)") from None
     return value
 
 
@@ -150,6 +167,11 @@ def check_messages(value: Any) -> list[dict[str, Any]]:
             pass  # an assistant turn that only calls tools
         elif isinstance(content, (list, tuple)):
             for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, Mapping) else None
+                if kind in _NOT_TEXT_PARTS:   # said, not dropped: the reply would ignore what the user sent
+                    raise ArgumentError(f"{where}['content'][{j}]", {"type": kind},
+                                        f'{{"type": "text", "text": a string}}: {_NOT_TEXT_PARTS[kind]} content '
+                                        "parts are not supported (ggflow's models read text only)")
                 if not (isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                     raise ArgumentError(f"{where}['content'][{j}]", part, '{"type": "text", "text": a string}')
         elif not isinstance(content, str):
@@ -200,7 +222,8 @@ def check_logit_bias(value: Any, n_vocab: int) -> dict[int, float]:
         raise ArgumentError("logit_bias", value, "a dict {token id: bias}")
     out = {}
     for key, bias in value.items():
-        tok = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else key
+        # ASCII decimal digits only: str.isdigit() and int() also take "٥" (Arabic-Indic five), "+5", " 5"
+        tok = int(key) if isinstance(key, str) and _DECIMAL.fullmatch(key) else key
         if not _is_int(tok) or not 0 <= tok < n_vocab:
             raise ArgumentError("logit_bias", {key: bias}, f"a dict whose keys are token ids in [0, {n_vocab}) "
                                                            f"({key!r} is not one)")
@@ -208,6 +231,9 @@ def check_logit_bias(value: Any, n_vocab: int) -> dict[int, float]:
             raise ArgumentError(f"logit_bias[{key!r}]", bias, "a finite number (or -inf to ban the token)")
         out[int(tok)] = float(bias)
     return out
+
+
+_DECIMAL = re.compile(r"-?[0-9]+")
 
 
 def check_sequence_breakers(value: Any) -> list:
@@ -220,27 +246,65 @@ def check_sequence_breakers(value: Any) -> list:
     return list(value)
 
 
-# name -> (lo, hi, lo_open) for plain numeric options (None: no bound there)
-_NUMBER_BOUNDS: dict[str, tuple[float | None, float | None, bool]] = {
-    "temperature": (0.0, None, False), "top_p": (0.0, 1.0, True), "min_p": (0.0, 1.0, False),
-    "typical_p": (0.0, 1.0, True), "dynatemp_range": (0.0, None, False), "dynatemp_exponent": (None, None, False),
-    "repeat_penalty": (0.0, None, True), "frequency_penalty": (None, None, False),
-    "presence_penalty": (None, None, False), "dry_multiplier": (0.0, None, False), "dry_base": (None, None, False),
-    "xtc_probability": (0.0, 1.0, False), "xtc_threshold": (None, None, False), "top_n_sigma": (None, None, False),
-    "mirostat_tau": (0.0, None, False), "mirostat_eta": (0.0, None, False),
+@dataclass(frozen=True)
+class Range:
+    """What one field accepts: an integer or a finite number in [lo, hi] ((lo, hi] with lo_open)."""
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    integer: bool = False
+
+    def check(self, name: str, value: Any) -> Any:
+        if self.integer:
+            return check_int(name, value, self.lo, self.hi)   # type: ignore[arg-type]
+        return check_number(name, value, self.lo, self.hi, self.lo_open)
+
+
+# The one table of ranges: LLM's arguments, the server's request fields and the CLI's flags are checked
+# against it (serving/openai_params.py, cli/common.py), so a value one door refuses every door refuses.
+RANGES: dict[str, Range] = {
+    "temperature": Range(0.0), "top_p": Range(0.0, 1.0, lo_open=True), "min_p": Range(0.0, 1.0),
+    "typical_p": Range(0.0, 1.0, lo_open=True), "dynatemp_range": Range(0.0), "dynatemp_exponent": Range(),
+    "repeat_penalty": Range(0.0, lo_open=True), "frequency_penalty": Range(), "presence_penalty": Range(),
+    "dry_multiplier": Range(0.0), "dry_base": Range(), "xtc_probability": Range(0.0, 1.0),
+    "xtc_threshold": Range(), "top_n_sigma": Range(), "mirostat_tau": Range(0.0), "mirostat_eta": Range(0.0),
+    "top_k": Range(0, integer=True), "min_keep": Range(0, integer=True), "repeat_last_n": Range(-1, integer=True),
+    "dry_allowed_length": Range(0, integer=True), "dry_penalty_last_n": Range(-1, integer=True),
+    "mirostat": Range(0, 2, integer=True),
+    # -1: no limit (llama.cpp's n_predict -1); LLM also takes 0 as no limit (llama-cpp-python), the server
+    # refuses 0 (OpenAI); below -1 nobody takes
+    "max_tokens": Range(-1, integer=True),
 }
-_INT_BOUNDS: dict[str, tuple[int | None, int | None]] = {
-    "top_k": (0, None), "min_keep": (0, None), "repeat_last_n": (-1, None), "dry_allowed_length": (0, None),
-    "dry_penalty_last_n": (-1, None), "mirostat": (0, 2),
-}
+SAMPLING_RANGES = tuple(name for name in RANGES if name != "max_tokens")
+
+
+def check_range(name: str, value: Any) -> Any:
+    """``value`` checked against the table's range for ``name``."""
+    return RANGES[name].check(name, value)
+
+
+def cli_type(name: str, kind: type) -> Any:
+    """An argparse type for a flag setting field ``name``: parsed as ``kind``, then checked against the table."""
+    import argparse
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        try:
+            return check_range(name, value)
+        except ArgumentError as exc:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: {name} must be {exc.accepted}") from None
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def _checked_fields(get: Any, n_vocab: int) -> dict[str, Any]:
     """Check the sampling fields ``get(name, default)`` returns; the normalized ones, by name."""
-    for name, (lo, hi, lo_open) in _NUMBER_BOUNDS.items():
-        check_number(name, get(name, 0.5), lo, hi, lo_open)
-    for name, (lo, hi) in _INT_BOUNDS.items():
-        check_int(name, get(name, 0), lo, hi)
+    for name in SAMPLING_RANGES:
+        RANGES[name].check(name, get(name, 0))
     samplers = get("samplers", None)
     if samplers is not None:
         if isinstance(samplers, str) or not isinstance(samplers, (list, tuple)):

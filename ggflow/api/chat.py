@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from ggflow.api import arguments as A
 from ggflow.api import harmony, shapes
+from ggflow.api.chat_tokens import chat_prompt_tokens
 from ggflow.api.completions import array_callables, llama_sampling
 from ggflow.generation.logprobs import chat_logprobs, generated_entries
 from ggflow.errors import ArgumentError
@@ -37,10 +38,7 @@ class ChatMixin:
         tools = A.check_tools(tools)
         tool_choice = A.check_tool_choice(tool_choice)
         variables = {} if tool_choice is None else {"tool_choice": tool_choice}
-        prompt = self.chat_template().render(messages, add_generation_prompt=True, tools=tools, **variables)
-        bos = self.vocab.bos_id
-        has_bos = bos is not None and prompt.startswith(self.vocab.token_text(bos))  # the template wrote it
-        return self.vocab.tokenize(prompt, add_special=not has_bos, parse_special=True)
+        return chat_prompt_tokens(self.chat_template(), self.vocab, messages, tools, **variables)
 
     def create_chat_completion(self, messages: list[dict[str, Any]], functions: list | None = None,
                                function_call: Any = None, tools: list | None = None, tool_choice: Any = None,

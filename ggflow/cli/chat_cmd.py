@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from ggflow.cli.args import int_at_least
+from ggflow.api.arguments import cli_type
 from ggflow.cli.common import add_model_options, add_sampling_options, load_llm, sampling_params
 from ggflow.cli.compile_notice import end_progress
 from ggflow.cli.run_cmd import UNTIL_DONE, max_tokens
@@ -23,7 +23,7 @@ def add_parser(subparsers: Any) -> None:
                                    description="Interactive chat: one user turn per input line.")
     add_model_options(parser)
     parser.add_argument("-s", "--system", default=None, help="system prompt")
-    parser.add_argument("-n", "--n-predict", type=int_at_least(UNTIL_DONE, "-1: until end of text or full context"),
+    parser.add_argument("-n", "--n-predict", type=cli_type("max_tokens", int),
                         default=256, help="most tokens per reply; -1: until end of text or a full context (default 256)")
     add_sampling_options(parser)
     parser.set_defaults(func=run)

@@ -35,6 +35,7 @@ SAMPLING_FLAGS: dict[str, str] = {
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     """Sampling flags named as llama.cpp names them, with SamplingParams' defaults."""
+    from ggflow.api.arguments import RANGES, cli_type
     from ggflow.core.sampling_params import SamplingParams
 
     fields = {f.name: f for f in dataclasses.fields(SamplingParams)}
@@ -43,7 +44,8 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
         f = fields[name]
         kind = int if f.default is None else type(f.default)  # seed: an int or None
         extra = {"choices": (0, 1, 2)} if name == "mirostat" else {}
-        g.add_argument(flag, dest=name, type=kind, default=f.default,
+        checked = cli_type(name, kind) if name in RANGES else kind   # the API's and the server's ranges
+        g.add_argument(flag, dest=name, type=checked, default=f.default,
                        help=f"{f.metadata.get('doc', name)} (default {f.default})", **extra)
     g.add_argument("--samplers", default=None,
                    help="sampler names in order, ';' separated (plugins' samplers too), replacing the default "

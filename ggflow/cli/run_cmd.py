@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any
 
-from ggflow.cli.args import int_at_least
+from ggflow.api.arguments import cli_type
 from ggflow.cli.common import add_model_options, add_sampling_options, load_llm, sampling_params
 from ggflow.cli.compile_notice import compile_seconds, end_progress
 from ggflow.errors import GGFlowError
@@ -20,7 +20,7 @@ def add_parser(subparsers: Any) -> None:
     add_model_options(parser)
     parser.add_argument("-p", "--prompt", default=None, help="prompt text")
     parser.add_argument("--prompt-ids", default=None, help="prompt as comma-separated token ids")
-    parser.add_argument("-n", "--n-predict", type=int_at_least(UNTIL_DONE, "-1: until end of text or full context"),
+    parser.add_argument("-n", "--n-predict", type=cli_type("max_tokens", int),
                         default=64, help="tokens to generate; -1: until end of text or a full context (default 64)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--json", action="store_true",

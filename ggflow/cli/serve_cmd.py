@@ -41,6 +41,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--context-shift", action="store_true",
                         help="a request that fills the context drops half of its older tokens and goes on "
                              "(llama-server's --context-shift; default: it ends with finish_reason length)")
+    parser.add_argument("--slot-share", action="store_true",
+                        help="each slot gets ctx-size/np cells of the cache, guaranteed: none is ended to make room "
+                             "for another, longer prompts are refused (llama-server's split; default: one shared cache)")
     parser.add_argument("--keep", type=int_at_least(-1), default=0,
                         help="with --context-shift, prompt tokens kept at the front (-1: all; default 0)")
     parser.add_argument("--api-key", default=os.environ.get("GGFLOW_API_KEY"),
@@ -130,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                                  max_queue=args.max_queue, backends=backend_names(args.backend),
                                  n_threads=args.threads, n_ubatch=args.ubatch_size,
                                  type_k=args.cache_type_k.upper(), type_v=args.cache_type_v.upper(),
-                                 context_shift=args.context_shift, n_keep=args.keep)
+                                 context_shift=args.context_shift, n_keep=args.keep, slot_share=args.slot_share)
             modes.check_model(engine.ctx.model)
             engine.drafter = drafter_from_args(args, engine.ctx, backend_names(args.backend))
             load_adapters(engine.ctx, args.lora_adapters)

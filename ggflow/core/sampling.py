@@ -274,7 +274,12 @@ class LogitsProcessorSampler(SamplerBase):
         out = np.asarray(self.fn(list(self.history), dense), dtype=np.float32)
         if out.shape != dense.shape:
             raise GGFlowError(f"logits processor {self.fn!r} returned shape {out.shape}, expected {dense.shape}")
-        cur.logits = out[cur.ids]
+        kept = out[cur.ids]
+        if np.isnan(kept).any() or not (kept > -np.inf).any():   # else the chain would pick token 0 of nothing
+            raise GGFlowError(f"logits processor {self.fn!r} returned "
+                              f"{'NaN logits' if np.isnan(kept).any() else 'no token with a logit above -inf'}: "
+                              "no token can be sampled")
+        cur.logits = kept
         cur.probs = None
         cur.sorted = False
 

@@ -52,12 +52,14 @@ Entry = tuple[Slot, list[int]]   # a slot and the tokens it evaluates this step
 
 class Engine:
     def __init__(self, context: Any, *, n_slots: int = 4, n_batch: int | None = None, max_queue: int = 64,
-                 first_seq_id: int = 0, context_shift: bool = False, n_keep: int = 0):
+                 first_seq_id: int = 0, context_shift: bool = False, n_keep: int = 0, slot_share: bool = False):
         """Serve requests over ``context``'s KV cache with sequence ids first_seq_id .. +n_slots-1.
 
         A sequence id outside that range (e.g. one of another engine on the same Context) is left alone.
         ``context_shift``: a sequence that fills the context drops half of what follows its first ``n_keep``
         tokens and goes on (generation/context_shift.py) instead of ending with "length".
+        ``slot_share``: each slot may hold 1/n_slots of the cache (llama-server's n_ctx / np), so no slot is ever
+        ended to make room for another, and a longer prompt is refused at submit; default: one shared cache.
         """
         n_seq_max = int(getattr(context.memory, "n_seq_max", MAX_SEQ))
         if n_slots < 1 or first_seq_id < 0 or first_seq_id + n_slots > n_seq_max:
@@ -68,6 +70,8 @@ class Engine:
         self.ctx = context
         self.vocab = context.model.vocab
         self.n_ctx = context.n_ctx                     # the most tokens one sequence may hold
+        if slot_share:
+            self.n_ctx = max(1, min(self.n_ctx, self._cache_size() // n_slots))
         self.n_batch = max(1, n_batch or context.n_ubatch)
         self.max_queue = max_queue
         self.slots = [Slot(i, first_seq_id + i, self.n_ctx) for i in range(n_slots)]
@@ -91,7 +95,7 @@ class Engine:
     def load(cls, model_path: str, *, n_ctx: int = 8192, n_slots: int = 4, n_batch: int | None = None,
              max_queue: int = 64, backends: "str | Sequence[str]" = "auto", n_threads: int | None = None,
              n_ubatch: int = 512, type_k: str = "F16", type_v: str = "F16", context_shift: bool = False,
-             n_keep: int = 0) -> "Engine":
+             n_keep: int = 0, slot_share: bool = False) -> "Engine":
         from ggflow.core.context import Context
         from ggflow.core.model import Model
 
@@ -99,7 +103,7 @@ class Engine:
         ctx = Context(model, n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v,
                       backends=backends, n_threads=n_threads)
         return cls(ctx, n_slots=n_slots, n_batch=n_batch, max_queue=max_queue, context_shift=context_shift,
-                   n_keep=n_keep)
+                   n_keep=n_keep, slot_share=slot_share)
 
     # -- called from any thread --------------------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -143,6 +147,7 @@ class Engine:
         if request.grammar is not None:   # a grammar the vocabulary cannot use is refused here too
             from ggflow.structured import GrammarSampler
             request.constraint = GrammarSampler(request.grammar, self.vocab)
+            request.constraint.check_start()   # a grammar that cannot start is refused, not a 500 mid-step
 
     def call_soon(self, fn: Callable[[], Any]) -> Future:
         """Run fn in the engine thread before its next step (the Context is touched only there)."""
@@ -332,6 +337,8 @@ class Engine:
             self._shift(largest)
             return
         self._forget_cache(largest)
+        largest.request.evicted = True   # said in the response and counted (/metrics), not hidden as "length"
+        self.metrics.update(n_evicted_total=1)
         self._record_finished(largest.finish(FINISH_LENGTH, context_full=True).timings)
 
     def _shift(self, slot: Slot) -> None:

@@ -23,6 +23,7 @@ class MetricsSnapshot:
     requests_deferred: int = 0
     kv_cache_tokens: int = 0
     kv_cache_size: int = 1
+    n_evicted_total: int = 0              # requests ended to make room in a full shared KV cache
 
     @property
     def prompt_tokens_seconds(self) -> float:

@@ -1,6 +1,7 @@
 """What a generation returns: its Completion (text, tokens, why it ended, timings) or, streamed, a Generation."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -54,7 +55,9 @@ class Generation:
     """A streamed generation: iterate for text pieces; ``result`` holds the Completion once it is done.
 
     While it runs, ``tokens`` and ``logprobs`` grow with each sampled token (a piece of text may cover
-    several tokens, or none while a possible stop string is held back). ``close()`` ends it early.
+    several tokens, or none while a possible stop string is held back). ``close()`` ends it early, from any
+    thread: called while another thread is inside ``next``, it returns at once and that thread's iteration
+    ends after the piece it is producing (a generator cannot be closed while it runs).
     """
 
     def __init__(self, produce: "Callable[[Generation], Iterator[str]]"):
@@ -63,12 +66,30 @@ class Generation:
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self._pieces = produce(self)
+        self._running = threading.Lock()   # held while a piece is produced
+        self._closed = False
+        self._runner: int | None = None      # the thread producing a piece now
 
     def __iter__(self) -> "Generation":
         return self
 
     def __next__(self) -> str:
-        return next(self._pieces)
+        with self._running:
+            if self._closed:
+                self._pieces.close()
+                raise StopIteration
+            self._runner = threading.get_ident()
+            try:
+                return next(self._pieces)
+            finally:
+                self._runner = None
 
     def close(self) -> None:
-        self._pieces.close()
+        if self._runner == threading.get_ident():   # from inside the piece being produced (a callback)
+            raise ValueError("generator already executing")
+        self._closed = True
+        if self._running.acquire(blocking=False):
+            try:
+                self._pieces.close()
+            finally:
+                self._running.release()

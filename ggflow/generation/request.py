@@ -73,6 +73,7 @@ class Request:
         self.chain: SamplerChain | None = None    # built by Engine.submit
         self.constraint: "GrammarSampler | None" = None   # built by Engine.submit from ``grammar``
         self._cancelled = threading.Event()
+        self.evicted = False   # set before its Done: ended ("length") to make room in a full shared KV cache
 
     def cancel(self) -> None:
         """The client went away: the engine frees the request's slot at its next step."""

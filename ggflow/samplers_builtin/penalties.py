@@ -221,6 +221,18 @@ def breaker_sequences(text: str, vocab: Any) -> list[tuple[int, ...]]:
     return cache[text]
 
 
+_dry_compiled = False
+
+
+def _compile_dry_ahead(b: Breakers) -> None:
+    """Compile (or load from numba's cache) DRY's kernel where the sampler is built, in the caller's thread:
+    its first use would otherwise compile inside an engine step and stall every slot for seconds."""
+    global _dry_compiled
+    if not _dry_compiled:
+        dry_continuations(np.zeros(4, np.int64), 1, b.heads, b.tail_starts, b.tail_lens, b.tails)
+        _dry_compiled = True
+
+
 class Dry(_History):
     """DRY ("don't repeat yourself"): a token that would extend a sequence already seen in the last n
     tokens, longer than ``allowed_length``, loses multiplier * base ** (length - allowed_length).
@@ -254,6 +266,8 @@ class Dry(_History):
             else:
                 sequences.append(breaker)
         self._breakers = Breakers(sequences)
+        if self.enabled:
+            _compile_dry_ahead(self._breakers)
         self.max_exponent = int(np.float32(_FLOAT_MAX_LOG) / np.log(np.float32(self.base))) \
             if self.base > 1.000001 else 0
 

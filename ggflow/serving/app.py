@@ -22,6 +22,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ggflow.api.arguments import check_messages
 from ggflow.core.sampling import SamplingParams
 from ggflow.errors import GGFlowError
 from ggflow.structured.chat_tools import ToolCalling
@@ -35,6 +36,7 @@ from ggflow.serving.prometheus import metrics_text
 from ggflow.serving.lora import add_lora_routes
 from ggflow.serving.rerank import add_rerank_routes
 from ggflow.serving.generation import generate
+from ggflow.serving.offload import SMALL_BODY_BYTES, off_loop
 from ggflow.serving.limits import BodyLimits, BodyTimeoutError, BodyTooLargeError, ServerLimits
 from ggflow.serving.request import EngineStoppedError, PromptTooLongError, QueueFullError
 from ggflow.serving.responses import ResponseIds, error_response
@@ -134,7 +136,11 @@ def create_app(state: ServerState) -> FastAPI:
     async def tokenize(http: HTTPRequest):
         body = await _parse(http, TokenizeBody)
         vocab = state.ready().vocab
-        return {"tokens": vocab.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)}
+
+        def answer() -> bytes:   # tokens and their JSON (FastAPI's encoder walks a list item by item) off the loop
+            tokens = vocab.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
+            return json.dumps({"tokens": tokens}).encode()
+        return Response(await off_loop(answer), media_type="application/json")
 
     @app.post("/detokenize")
     async def detokenize(http: HTTPRequest):
@@ -143,7 +149,7 @@ def create_app(state: ServerState) -> FastAPI:
         bad = [t for t in body.tokens if not 0 <= t < vocab.n_vocab]
         if bad:
             raise GGFlowError(f"token id {bad[0]} is outside the vocabulary [0, {vocab.n_vocab})")
-        return {"content": vocab.detokenize(body.tokens)}
+        return {"content": await off_loop(vocab.detokenize, body.tokens)}
 
     @app.post("/v1/completions")
     @app.post("/completions")
@@ -155,10 +161,10 @@ def create_app(state: ServerState) -> FastAPI:
             if len(prompt) != 1:
                 raise GGFlowError(f"{len(prompt)} prompts in one request are not supported: send one per request")
             prompt = prompt[0]
-        tokens = engine.vocab.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        body = _capped(body, COMPLETION_DEFAULT_MAX_TOKENS, state.limits)
+        tokens = await off_loop(engine.vocab.tokenize, prompt) if isinstance(prompt, str) else list(prompt)
+        body = _capped(body, COMPLETION_DEFAULT_MAX_TOKENS, state.limits, engine.n_ctx)
         return await generate(http, engine, body, tokens, ResponseIds(False, state.model_name),
-                              COMPLETION_DEFAULT_MAX_TOKENS, grammar=body.constraint(),
+                              COMPLETION_DEFAULT_MAX_TOKENS, grammar=await off_loop(body.constraint),
                               prompt_text=prompt if isinstance(prompt, str) else engine.vocab.detokenize(tokens))
 
     @app.post("/v1/embeddings")
@@ -166,7 +172,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def embeddings(http: HTTPRequest):
         body = await _parse(http, EmbeddingBody)
         engine = state.ready()
-        token_lists = body.token_lists(engine.vocab, engine.n_ctx)
+        token_lists = await off_loop(body.token_lists, engine.vocab, engine.n_ctx)
         vectors = await asyncio.wrap_future(engine.call_soon(lambda: embed_tokens(engine, token_lists)))
         n = sum(len(t) for t in token_lists)
         if body.encoding_format == "base64":   # what the openai client asks for: little-endian float32 bytes
@@ -180,18 +186,21 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat_completions(http: HTTPRequest):
         body = await _parse(http, ChatCompletionBody)
         engine = state.ready()
-        template = state.chat_template()
-        tools = ToolCalling.for_request(body.tools, body.tool_choice, body.parallel_tool_calls, template.source)
-        grammar = body.constraint()
-        messages = body.messages
-        if tools is not None:
-            tool_grammar = tools.grammar()
-            if grammar is not None and tool_grammar is not None:
-                raise GGFlowError("a request with tools cannot also set grammar, json_schema or response_format")
-            grammar = grammar or tool_grammar
-            messages = tools.messages(messages)
-        tokens = chat_prompt_tokens(template, engine.vocab, messages, tools=body.tools)
-        body = _capped(body, engine.n_ctx, state.limits)
+
+        def prompt() -> tuple[Any, Any, list[int]]:   # template, grammar, tokens: off the event loop
+            template = state.chat_template()
+            tools = ToolCalling.for_request(body.tools, body.tool_choice, body.parallel_tool_calls, template.source)
+            grammar = body.constraint()
+            messages = check_messages(body.messages)   # LLM's rules: roles, text parts only (an image is a 400)
+            if tools is not None:
+                tool_grammar = tools.grammar()
+                if grammar is not None and tool_grammar is not None:
+                    raise GGFlowError("a request with tools cannot also set grammar, json_schema or response_format")
+                grammar = grammar or tool_grammar
+                messages = tools.messages(messages)
+            return tools, grammar, chat_prompt_tokens(template, engine.vocab, messages, tools=body.tools)
+        tools, grammar, tokens = await off_loop(prompt)
+        body = _capped(body, engine.n_ctx, state.limits, engine.n_ctx)
         return await generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx,
                               grammar=grammar, tools=tools)
 
@@ -209,8 +218,13 @@ _Body = TypeVar("_Body", bound=BaseModel)
 
 
 async def _parse(http: HTTPRequest, model: type[_Body]) -> _Body:
-    """The JSON body as ``model``, whatever the Content-Type says (curl -d sends form encoding)."""
+    """The JSON body as ``model``, whatever the Content-Type says (curl -d sends form encoding); a large one
+    is parsed off the event loop (serving/offload.py)."""
     raw = await http.body()
+    return _decode(raw, model) if len(raw) < SMALL_BODY_BYTES else await off_loop(_decode, raw, model)
+
+
+def _decode(raw: bytes, model: type[_Body]) -> _Body:
     try:
         data = json.loads(raw or b"null", parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError:
@@ -244,11 +258,11 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _capped(body: _Body, default_max_tokens: int, limits: ServerLimits) -> _Body:
+def _capped(body: _Body, default_max_tokens: int, limits: ServerLimits, n_ctx: int) -> _Body:
     """As llama-server's -n: a request asking for more tokens than the cap (or for no limit) gets the cap."""
     if limits.max_tokens_cap is None:
         return body
-    wanted = body.token_limit(default_max_tokens)  # type: ignore[attr-defined]
+    wanted = body.token_limit(default_max_tokens, n_ctx)  # type: ignore[attr-defined]
     return body.model_copy(update={"max_completion_tokens": limits.cap_tokens(wanted)})
 
 

@@ -1,13 +1,7 @@
-"""A conversation as prompt tokens: the model's chat template, rendered and tokenized as LLM does it."""
+"""A conversation as prompt tokens: the model's chat template, rendered and tokenized as LLM does it
+(ggflow/api/chat_tokens.py: message text stays text, whatever special-token text it spells)."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from ggflow.api.chat_tokens import chat_prompt_tokens
 
-
-def chat_prompt_tokens(template: Any, vocab: Any, messages: Sequence[Mapping[str, Any]],
-                       tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
-    """Render with the generation prompt; special tokens in the text are parsed, BOS added unless written."""
-    prompt = template.render(messages, add_generation_prompt=True, tools=tools)
-    bos = vocab.bos_id
-    has_bos = bos is not None and prompt.startswith(vocab.token_text(bos))  # the template wrote it
-    return vocab.tokenize(prompt, add_special=not has_bos, parse_special=True)
+__all__ = ["chat_prompt_tokens"]

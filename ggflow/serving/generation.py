@@ -21,6 +21,7 @@ from ggflow.generation.request import Done, Piece, Request
 from ggflow.serving.rerank import check_can_generate
 from ggflow.serving.handoff import Mailbox
 from ggflow.serving.lora import request_mix
+from ggflow.serving.offload import off_loop
 from ggflow.serving.openai_params import GenerationBody
 from ggflow.serving.responses import (ChoiceShape, ResponseIds, chunk, error_body, error_response, final_chunk,
                                      full_response, tool_calls_chunk, usage_chunk)
@@ -67,14 +68,18 @@ async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, toke
     n_top = body.top_logprobs_count(engine.vocab.n_vocab)
     echo = bool(getattr(body, "echo", False))
     shape = ChoiceShape(engine.vocab, n_top is not None, prompt_text if echo else None)
-    sampling = body.sampling(engine.vocab.special.eog)
+    sampling = body.sampling(engine.vocab.special.eog, engine.vocab.n_vocab)
     events = [_Events(pieces=body.stream) for _ in range(body.n)]
-    requests = [Request(tokens, e.on_event, max_tokens=body.token_limit(default_max_tokens),
+    requests = [Request(tokens, e.on_event, max_tokens=body.token_limit(default_max_tokens, engine.n_ctx),
                         sampling=_choice_seed(sampling, i), stop=body.stops(), grammar=grammar, n_top=n_top,
                         prompt_logprobs=echo and n_top is not None, lora=request_mix(body.lora))
                 for i, e in enumerate(events)]
     requests[0].siblings = requests[1:]
-    engine.submit(requests[0])   # raises the 400 / 503 refusals before anything is sent
+    try:   # chains, grammars (DRY's breakers, llguidance) built off the loop; the 400 / 503 refusals raise here
+        await off_loop(engine.submit, requests[0])
+    except asyncio.CancelledError:   # the client left while it was being submitted
+        requests[0].cancel()
+        raise
     if body.stream:
         return StreamingResponse(_sse(events[0], requests[0], ids, body.include_usage, tools, shape),
                                  media_type="text/event-stream",
@@ -92,7 +97,11 @@ async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, toke
         if len(done) < len(requests):   # the handler was cancelled or failed: nobody will read the results
             for r in requests:
                 r.cancel()
-    return full_response(ids, [d.completion for d in done], tools, shape)
+    out = full_response(ids, [d.completion for d in done], tools, shape)
+    for choice, r in zip(out["choices"], requests):
+        if r.evicted:   # "length" because the shared KV cache was full, not because of max_tokens or n_ctx
+            choice["evicted"] = True
+    return out
 
 
 async def _wait_done(http: HTTPRequest, events: _Events) -> Done | None:
@@ -120,7 +129,7 @@ def _sse_line(payload: dict[str, Any]) -> str:
 
 
 def _closing_lines(ids: ResponseIds, done: Completion, include_usage: bool, calls: Any,
-                   shape: ChoiceShape) -> list[str]:
+                   shape: ChoiceShape, evicted: bool = False) -> list[str]:
     """After the last piece: held-back text and tool calls, the finishing chunk, usage if asked."""
     lines, finish = [], done.finish_reason
     if calls is not None:
@@ -130,7 +139,10 @@ def _closing_lines(ids: ResponseIds, done: Completion, include_usage: bool, call
         if found:
             lines.append(_sse_line(tool_calls_chunk(ids, found)))
             finish = FINISH_TOOL_CALLS if finish == "stop" else finish
-    lines.append(_sse_line(final_chunk(ids, done, finish)))
+    last = final_chunk(ids, done, finish)
+    if evicted:
+        last["choices"][0]["evicted"] = True
+    lines.append(_sse_line(last))
     if include_usage:
         lines.append(_sse_line(usage_chunk(ids, done)))
     return lines
@@ -164,7 +176,7 @@ async def _sse(events: _Events, request: Request, ids: ResponseIds, include_usag
                     lines.append(_sse_line(error_body(event.error, "server_error", 500)))
                     break
                 done = event.completion
-                lines.extend(_closing_lines(ids, done, include_usage, calls, shape))
+                lines.extend(_closing_lines(ids, done, include_usage, calls, shape, request.evicted))
                 break
             if ended:
                 lines.append("data: [DONE]\n\n")

@@ -10,11 +10,20 @@ is the server's own again (streaming responses wait on it for a disconnect, as l
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from ggflow.errors import GGFlowError
+
+try:
+    from starlette.requests import ClientDisconnect
+except ImportError:   # the CLI parses options without the server extra; no app runs then
+    class ClientDisconnect(Exception):  # type: ignore[no-redef]
+        pass
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_BODY_TIMEOUT_S = 30.0
@@ -92,7 +101,11 @@ class BodyLimits:
             from ggflow.serving.responses import error_response   # fastapi: the CLI parses options without it
             response = error_response(413, limits.too_large(declared), "invalid_request_error")
             return await response(scope, receive, send)
-        await self.app(scope, _limited(receive, limits), send)
+        try:
+            await self.app(scope, _limited(receive, limits), send)
+        except ClientDisconnect:   # nobody to answer: one line, not a traceback (the handler's work is undone)
+            log.warning("%s %s: the client closed the connection before its body was complete",
+                        scope.get("method"), scope.get("path"))
 
 
 def _limited(receive: Receive, limits: ServerLimits) -> Receive:

@@ -2,6 +2,7 @@
 ``SamplingParams``. The models are strict: a field of the wrong type is a 400, not a silent coercion."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any, Iterable, Union
 
@@ -9,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ggflow.core.sampling import SamplingParams
 from ggflow.core.sampling_stages import sampler_stages
-from ggflow.errors import GGFlowError
+from ggflow.api import arguments as A
+from ggflow.errors import ArgumentError, GGFlowError
 from ggflow.serving.lora import LoraEntry
 
 if TYPE_CHECKING:
@@ -70,7 +72,7 @@ class GenerationBody(_Strict):
     response_format: dict[str, Any] | None = None   # OpenAI's: text, json_object, json_schema
     samplers: Union[str, list[Union[str, dict[str, Any]]], None] = None   # stages, with parameters
 
-    def sampling(self, eog_tokens: Iterable[int] = ()) -> SamplingParams:
+    def sampling(self, eog_tokens: Iterable[int] = (), n_vocab: int = 2**31 - 1) -> SamplingParams:
         """The request's sampling options; llama.cpp's defaults for the fields it leaves out."""
         if self.n < 1:
             raise GGFlowError(f"n must be at least 1, got {self.n}")
@@ -80,15 +82,15 @@ class GenerationBody(_Strict):
         if given.get("seed") in (-1, 0xFFFFFFFF):
             given["seed"] = None
         if self.logit_bias:
-            try:
-                given["logit_bias"] = {int(k): float(v) for k, v in self.logit_bias.items()}
-            except ValueError:
-                raise GGFlowError("logit_bias keys must be token ids (integers as strings)") from None
+            given["logit_bias"] = self.logit_bias
+        # the ranges LLM checks (ggflow/api/arguments.py's one table): top_p 2, "+5" as a token id -> 400
+        params = A.sampling_params(given, n_vocab)
+        changes: dict[str, Any] = {}
         if self.samplers is not None:   # checked against each sampler's declared parameters (a 400 if not)
-            given["samplers"] = sampler_stages(self.samplers)
+            changes["samplers"] = sampler_stages(self.samplers)
         if self.ignore_eos:
-            given["logit_bias"] = {**given.get("logit_bias", {}), **{t: -math.inf for t in eog_tokens}}
-        return SamplingParams(**given)
+            changes["logit_bias"] = {**params.logit_bias, **{t: -math.inf for t in eog_tokens}}
+        return dataclasses.replace(params, **changes) if changes else params
 
     def constraint(self) -> "Grammar | None":
         """The grammar the request asks for (grammar, json_schema or response_format), checked later against
@@ -97,12 +99,16 @@ class GenerationBody(_Strict):
         return grammar_from_request(self.grammar, self.json_schema, self.response_format)
 
     def stops(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return A.check_stop(self.stop)   # as LLM reads it: "" is no stop string
 
-    def token_limit(self, default: int) -> int:
-        for value in (self.max_completion_tokens, self.max_tokens, self.n_predict):
+    def token_limit(self, default: int, until_end: int | None = None) -> int:
+        """The request's max_tokens (max_completion_tokens, n_predict): ``default`` when it gives none; -1:
+        until the end of text or the context (``until_end``, the context size); below -1: refused."""
+        for name in ("max_completion_tokens", "max_tokens", "n_predict"):
+            value = getattr(self, name)
             if value is not None:
-                return default if value < 0 else value   # llama-server: n_predict -1 is "until the end"
+                _check_limit(name, value)
+                return (default if until_end is None else until_end) if value == -1 else value
         return default
 
     @property
@@ -134,6 +140,14 @@ class ChatCompletionBody(GenerationBody):
                 raise GGFlowError("top_logprobs needs logprobs: true")
             return None
         return _logprobs_count("top_logprobs", self.top_logprobs or 0, n_vocab)
+
+
+def _check_limit(name: str, value: int) -> None:
+    """max_completion_tokens and n_predict take max_tokens' range, under their own names."""
+    try:
+        A.check_range("max_tokens", value)
+    except ArgumentError as exc:
+        raise ArgumentError(name, value, exc.accepted) from None
 
 
 def _logprobs_count(name: str, value: int | None, n_vocab: int) -> int | None:

@@ -22,6 +22,8 @@ COUNTERS = (
      "spec_decode_num_accepted_tokens_total"),
     ("spec_decode_num_drafts", "Speculative: Total speculative decoding verification steps",
      "spec_decode_num_drafts_total"),
+    ("requests_evicted", "Requests ended (finish_reason length, evicted) to make room in the full shared KV cache",
+     "n_evicted_total"),
 )
 GAUGES = (
     ("n_tokens_max", "Largest observed sequence length (prompt + generation)"),

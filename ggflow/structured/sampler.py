@@ -27,6 +27,27 @@ class GrammarSampler(SamplerBase):
         self.n_vocab = vocab.n_vocab
         self.matcher = grammar.matcher(vocab)
 
+    def check_start(self) -> None:
+        """Raise GrammarError if the grammar cannot produce its first token: none allowed (``a ::= a``, a
+        ``$ref`` loop), or llguidance's limits hit by its forced prefix or first token (``"a"{1000000}``, a
+        required recursive ``$ref``). Tried on a copy, before the request is admitted, so it is the caller's
+        400 rather than a failure inside the engine step."""
+        probe = self.matcher.deep_copy()
+        forced = probe.compute_ff_tokens()
+        if forced and not probe.is_error():
+            probe.consume_tokens(forced)
+        if not probe.is_error() and not probe.is_stopped():
+            bits = np.unpackbits(np.frombuffer(probe.compute_bitmask(), np.uint8), bitorder="little")
+            first = np.flatnonzero(bits[: self.n_vocab])
+            if not probe.is_error():
+                if not len(first):
+                    raise GrammarError(f"the {self.grammar.source} grammar allows no first token: "
+                                       "it matches no text this vocabulary can write")
+                probe.consume_token(int(first[0]))
+        if probe.is_error():
+            raise GrammarError(f"the {self.grammar.source} grammar cannot produce its first token: "
+                               f"{probe.get_error().split(chr(10))[0]}")
+
     def allowed(self) -> np.ndarray:
         """bool [n_vocab]: the tokens that keep the output inside the grammar."""
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)

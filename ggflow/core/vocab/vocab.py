@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 _SPACE_MARK = "\u2581"      # SentencePiece's visible space
 _C_SPACE = " \t\n\v\f\r"    # C isspace() in the "C" locale: what lstrip/rstrip attributes strip
+# a fragment longer than this is encoded with ``encode_batch``, which releases the GIL (``encode`` holds it for
+# the whole text: seconds for 1 MiB, while a server's event loop waits)
+_LONG_FRAGMENT = 4096
 
 
 def _well_formed(text: str) -> str:
@@ -126,8 +129,20 @@ class Vocab:
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """llama_tokenize: add_special adds BOS/EOS as the vocabulary asks; parse_special lets
         control tokens written in the text become those tokens."""
-        text = _well_formed(text)
-        fragments = self._partition(text, parse_special) if text else []
+        return self.tokenize_parts([(text, parse_special)], add_special)
+
+    def tokenize_parts(self, parts: "Iterable[tuple[str, bool]]", add_special: bool = True) -> list[int]:
+        """``tokenize`` of the parts' concatenation, each part's special-token text parsed only where its flag
+        says (a chat template's text: yes; a message's content: no). Plain text that runs across parts is
+        tokenized as one piece, so without special-token text in a False part the tokens are tokenize's."""
+        fragments: list[str | int] = []
+        for text, parse_special in parts:
+            text = _well_formed(text)
+            for fragment in self._partition(text, parse_special) if text else []:
+                if isinstance(fragment, str) and fragments and isinstance(fragments[-1], str):
+                    fragments[-1] += fragment
+                else:
+                    fragments.append(fragment)
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self._required(self.bos_id, "BOS"))
@@ -140,6 +155,11 @@ class Vocab:
         if add_special and self.flags.add_sep:
             out.append(self._required(self.special.sep, "SEP"))
         return out
+
+    def has_hidden_special(self, text: str) -> bool:
+        """Whether ``text`` spells a control (or unknown) token, which tokenize reads as that token only with
+        parse_special."""
+        return any(int(self._attrs[tid]) & HIDDEN and self._tokens[tid] in text for tid in self._special_order)
 
     def _required(self, tid: int | None, what: str) -> int:
         if tid is None:
@@ -184,7 +204,10 @@ class Vocab:
             if isinstance(fragment, int):
                 out.append(fragment)
                 continue
-            ids = self.hf_tokenizer.encode(fragment, add_special_tokens=False).ids
+            if len(fragment) > _LONG_FRAGMENT:   # the same ids; encode_batch lets other threads run meanwhile
+                ids = self.hf_tokenizer.encode_batch([fragment], add_special_tokens=False)[0].ids
+            else:
+                ids = self.hf_tokenizer.encode(fragment, add_special_tokens=False).ids
             out += [i for i in ids if i != missing] if missing in ids else ids
 
     # ---- ids -> text --------------------------------------------------------------------------
