@@ -1,9 +1,10 @@
-"""``POST /v1/embeddings``: inputs evaluated in the engine thread, between decode steps, on a spare sequence.
+"""``POST /v1/embeddings``: inputs evaluated in the engine thread, a piece per step, on a spare sequence.
 
-The engine is the only code that touches the Context, so an embedding request is a call the engine runs
-before its next step (``Engine.call_soon``): it switches the Context to embeddings output, evaluates each
-input from position 0 on a sequence id no slot uses, reads the final hidden states, and removes that
-sequence again, so the slots' caches are untouched. As llama-server's OpenAI route, a causal model's
+The engine is the only code that touches the Context, so an embedding request is a side job the engine runs
+a bounded piece of after each step's decode (``Engine.run_side``, generation/side_work.py): the generating
+slots go on between pieces. A piece switches the Context to embeddings output, evaluates the next tokens of
+an input on a sequence id no slot uses and reads their final hidden states; an input's sequence is removed
+once it is pooled, so the slots' caches are untouched. As llama-server's OpenAI route, a causal model's
 per-token states are mean-pooled (a model's own ``pooling_type`` wins) and the vectors are L2-normalized.
 """
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from ggflow.api.embeddings import l2_normalize, model_pooling_type, pool
-from ggflow.api.encoder import embed_token_lists, fit_tokens, is_encoder, max_input_tokens
+from ggflow.api.encoder import embed_token_lists, fit_tokens, is_encoder, max_input_tokens, score_token_lists
 from ggflow.core.batch import Batch
 from ggflow.core.memory import MAX_SEQ
 from ggflow.errors import GGFlowError
+from ggflow.generation.side_work import SideJob
 from ggflow.serving.request import QueueFullError
 
 
@@ -31,26 +33,109 @@ def spare_sequence(engine: Any) -> int:
     return free[0]
 
 
+class EmbeddingJob(SideJob):
+    """The inputs of one embeddings request, evaluated a piece at a time on a spare sequence of the cache.
+
+    An input longer than a piece goes on from where the previous piece stopped (a causal model's states do
+    not depend on what follows), its per-token states kept until its last piece, then pooled as a whole: the
+    vector equals the one a single decode of the input gives. An input that cannot have the cells it needs
+    ends the job with QueueFullError (a 503: retry later), as does the engine taking back the cells.
+    """
+
+    def __init__(self, engine: Any, token_lists: Sequence[list[int]]):
+        super().__init__()
+        self.engine, self.token_lists = engine, [list(t) for t in token_lists]
+        kind = model_pooling_type(engine.ctx.model.metadata)
+        self.kind = "mean" if kind == "none" else kind       # one vector per input, as OpenAI's route returns
+        self.seq = spare_sequence(engine)
+        self.vectors: list[list[float]] = []
+        self.states: list[np.ndarray] = []       # the current input's per-token states so far
+        self.n_done = 0                          # tokens of the current input in the cache
+
+    def run_piece(self, n_tokens: int, n_free_cells: int) -> int:
+        ctx = self.engine.ctx
+        tokens = self.token_lists[len(self.vectors)]
+        if len(tokens) > self.engine._cache_size():
+            raise QueueFullError(f"an input of {len(tokens)} tokens does not fit the KV cache "
+                                 f"({self.engine._cache_size()} cells)")
+        piece = tokens[self.n_done: self.n_done + min(n_tokens, n_free_cells)]
+        if not piece:
+            raise QueueFullError("the KV cache has no room for this input now: retry later")
+        ctx.set_embeddings(True)
+        try:
+            batch = Batch(np.asarray(piece, np.int32), np.arange(self.n_done, self.n_done + len(piece)),
+                          np.full(len(piece), self.seq), np.ones(len(piece), bool))
+            if ctx.decode(batch) != 0:
+                raise QueueFullError("the KV cache has no room for this input now: retry later")
+            self.states.append(np.asarray(ctx.get_embeddings()).copy())
+        except BaseException:
+            self._release()
+            raise
+        finally:
+            ctx.set_embeddings(False)
+        self.n_done += len(piece)
+        if self.n_done == len(tokens):
+            hidden = self.states[0] if len(self.states) == 1 else np.concatenate(self.states)
+            self.vectors.append(l2_normalize(pool(hidden, self.kind)).tolist())
+            self._release()
+            if len(self.vectors) == len(self.token_lists):
+                self.future.set_result(self.vectors)
+        return len(piece)
+
+    def cells_held(self) -> int:
+        return self.n_done
+
+    def abandon(self, exc: BaseException) -> None:
+        self._release()
+        super().abandon(exc)
+
+    def _release(self) -> None:
+        if self.n_done:
+            self.engine.ctx.memory.seq_rm(self.seq, 0, -1)
+        self.states, self.n_done = [], 0
+
+
+class EncoderJob(SideJob):
+    """An encoder's inputs (no cache: each input is evaluated whole), as many per piece as the budget holds
+    (at least one); ``score``: the reranker's scores instead of embeddings."""
+
+    def __init__(self, engine: Any, token_lists: Sequence[list[int]], score: bool = False):
+        super().__init__()
+        self.engine, self.score = engine, score
+        ctx = engine.ctx
+        kind = model_pooling_type(ctx.model.metadata)
+        self.kind = "mean" if kind == "none" else kind
+        if not score:
+            limit = max_input_tokens(ctx)
+            token_lists = [fit_tokens(t, limit, False, f"input[{i}]", True) for i, t in enumerate(token_lists)]
+        self.token_lists, self.results, self.n_next = list(token_lists), [], 0
+
+    def run_piece(self, n_tokens: int, n_free_cells: int) -> int:
+        end, used = self.n_next, 0
+        while end < len(self.token_lists) and (end == self.n_next or used + len(self.token_lists[end]) <= n_tokens):
+            used += len(self.token_lists[end])
+            end += 1
+        group = self.token_lists[self.n_next:end]
+        if self.score:
+            self.results.extend(score_token_lists(self.engine.ctx, group)[:, 0].tolist())
+        else:
+            self.results.extend(l2_normalize(v).tolist() for v in embed_token_lists(self.engine.ctx, group, self.kind))
+        self.n_next = end
+        if end == len(self.token_lists):
+            self.future.set_result(np.asarray(self.results) if self.score else self.results)
+        return used
+
+
+def embedding_job(engine: Any, token_lists: Sequence[list[int]]) -> SideJob:
+    """The side job that embeds ``token_lists`` (run it with ``engine.run_side``)."""
+    if is_encoder(engine.ctx.model):
+        return EncoderJob(engine, token_lists)
+    return EmbeddingJob(engine, token_lists)
+
+
 def embed_tokens(engine: Any, token_lists: Sequence[list[int]]) -> list[list[float]]:
-    """Run in the engine thread: one pooled, normalized vector per token list."""
-    ctx = engine.ctx
-    kind = model_pooling_type(ctx.model.metadata)
-    kind = "mean" if kind == "none" else kind       # one vector per input, as OpenAI's route returns
-    if is_encoder(ctx.model):   # no cache to spare a sequence of: every input at once, batched per ubatch
-        limit = max_input_tokens(ctx)
-        token_lists = [fit_tokens(t, limit, False, f"input[{i}]", True) for i, t in enumerate(token_lists)]
-        return [l2_normalize(v).tolist() for v in embed_token_lists(ctx, token_lists, kind)]
-    seq = spare_sequence(engine)
-    vectors = []
-    ctx.set_embeddings(True)
-    try:
-        for tokens in token_lists:
-            try:
-                if ctx.decode(Batch.from_tokens(tokens, seq_id=seq, all_logits=True)) != 0:
-                    raise QueueFullError("the KV cache has no room for this input now: retry later")
-                vectors.append(l2_normalize(pool(np.asarray(ctx.get_embeddings()), kind)).tolist())
-            finally:
-                ctx.memory.seq_rm(seq, 0, -1)
-    finally:
-        ctx.set_embeddings(False)
-    return vectors
+    """All of ``token_lists`` at once, in the calling thread (the engine's, or while it is not running)."""
+    job = embedding_job(engine, token_lists)
+    while not job.done:
+        job.run_piece(1 << 30, engine._free_cells())
+    return job.future.result()
