@@ -341,7 +341,7 @@ class Engine:
             n_cells -= self._forget_cache(s)
             if n_cells <= 0:
                 return
-        if self.side.abandon_holders(QueueFullError("the KV cache is needed by the generating slots: retry later")):
+        if self.side.release_cells():   # an embedding's cells first: it starts that input again later
             return
         largest = max((s for s in self.slots if s.is_busy), key=lambda s: len(s.cache_tokens))
         if self.context_shift and largest.state is SlotState.GENERATING:

@@ -14,6 +14,8 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
+from ggflow.generation.request import QueueFullError
+
 log = logging.getLogger(__name__)
 
 
@@ -35,6 +37,14 @@ class SideJob:
     def cells_held(self) -> int:
         """KV cells the job holds between pieces (released by ``abandon``)."""
         return 0
+
+    def release_cells(self) -> int:
+        """Give back the KV cells held (the generating slots need them); the job may go on later. The cells
+        freed."""
+        n = self.cells_held()
+        if n:
+            self.abandon(QueueFullError("the KV cache is needed by the generating slots: retry later"))
+        return n
 
     def abandon(self, exc: BaseException) -> None:
         """Release what the job holds and end it with ``exc``."""
@@ -78,19 +88,15 @@ class SideWork:
             return n
         return 0
 
-    def cells_held(self) -> int:
-        return sum(job.cells_held() for job in list(self._jobs))
+    def jobs(self) -> list[SideJob]:
+        """The jobs waiting for their next piece (not the one running)."""
+        return list(self._jobs)
 
-    def abandon_holders(self, exc: BaseException) -> int:
-        """End the jobs that hold KV cells (the generating slots need them); the cells freed."""
-        freed = 0
+    def release_cells(self) -> int:
+        """The generating slots need KV cells: every job gives back those it holds; the cells freed."""
+        freed = sum(job.release_cells() for job in list(self._jobs))
         with self._lock:
-            holders = [j for j in self._jobs if j.cells_held()]
-            for job in holders:
-                self._jobs.remove(job)
-        for job in holders:
-            freed += job.cells_held()
-            job.abandon(exc)
+            self._jobs = collections.deque(j for j in self._jobs if not j.done)
         return freed
 
     def abandon_all(self, exc: BaseException) -> None:

@@ -9,6 +9,7 @@ per-token states are mean-pooled (a model's own ``pooling_type`` wins) and the v
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -21,10 +22,13 @@ from ggflow.errors import GGFlowError
 from ggflow.generation.side_work import SideJob
 from ggflow.serving.request import QueueFullError
 
+WAIT_FOR_CELLS_S = 30.0   # an input waits this long for the busy slots to free cells, then is refused (503)
+MAX_RELEASES = 3          # times an input may give its cells back to the generating slots before a 503
 
-def spare_sequence(engine: Any) -> int:
-    """A sequence id of the cache that no slot uses."""
-    used = {slot.seq_id for slot in engine.slots}
+
+def spare_sequence(engine: Any, taken: "set[int] | frozenset[int]" = frozenset()) -> int:
+    """A sequence id of the cache that no slot uses (nor is in ``taken``)."""
+    used = {slot.seq_id for slot in engine.slots} | set(taken)
     n_seq_max = int(getattr(engine.ctx.memory, "n_seq_max", MAX_SEQ))
     free = [s for s in range(n_seq_max) if s not in used]
     if not free:
@@ -38,8 +42,10 @@ class EmbeddingJob(SideJob):
 
     An input longer than a piece goes on from where the previous piece stopped (a causal model's states do
     not depend on what follows), its per-token states kept until its last piece, then pooled as a whole: the
-    vector equals the one a single decode of the input gives. An input that cannot have the cells it needs
-    ends the job with QueueFullError (a 503: retry later), as does the engine taking back the cells.
+    vector equals the one a single decode of the input gives. An input short of cells takes idle slots'
+    cached prefixes, then waits for busy slots; after WAIT_FOR_CELLS_S (or with no slot busy) the job ends
+    with QueueFullError (a 503: retry later). When the generating slots need the cells, the input gives them
+    back and starts again later (MAX_RELEASES times, then a 503).
     """
 
     def __init__(self, engine: Any, token_lists: Sequence[list[int]]):
@@ -47,20 +53,35 @@ class EmbeddingJob(SideJob):
         self.engine, self.token_lists = engine, [list(t) for t in token_lists]
         kind = model_pooling_type(engine.ctx.model.metadata)
         self.kind = "mean" if kind == "none" else kind       # one vector per input, as OpenAI's route returns
-        self.seq = spare_sequence(engine)
+        spare_sequence(engine)                   # a server whose slots take every sequence: refused now
+        self.seq: int | None = None              # its own spare sequence, taken at its first piece
         self.vectors: list[list[float]] = []
         self.states: list[np.ndarray] = []       # the current input's per-token states so far
         self.n_done = 0                          # tokens of the current input in the cache
+        self.t_waiting = time.monotonic()        # since when no piece could run
+        self.n_released = 0                      # times the engine took the cells back (release_cells)
 
     def run_piece(self, n_tokens: int, n_free_cells: int) -> int:
         ctx = self.engine.ctx
+        if self.seq is None:   # jobs run a piece each in turn: each needs a sequence of its own
+            taken = {getattr(job, "seq", None) for job in self.engine.side.jobs()}
+            try:
+                self.seq = spare_sequence(self.engine, taken)
+            except GGFlowError:
+                return 0   # every spare sequence is another job's: wait for one to end
         tokens = self.token_lists[len(self.vectors)]
         if len(tokens) > self.engine._cache_size():
             raise QueueFullError(f"an input of {len(tokens)} tokens does not fit the KV cache "
                                  f"({self.engine._cache_size()} cells)")
-        piece = tokens[self.n_done: self.n_done + min(n_tokens, n_free_cells)]
-        if not piece:
-            raise QueueFullError("the KV cache has no room for this input now: retry later")
+        room = min(n_tokens, n_free_cells)
+        if room <= 0:
+            room = min(n_tokens, n_free_cells + self._drop_idle_caches(1 - n_free_cells))
+        if room <= 0:   # the busy slots hold the cells: wait for them, for a while
+            if not self.engine._any_busy() or time.monotonic() - self.t_waiting > WAIT_FOR_CELLS_S:
+                raise QueueFullError("the KV cache has no room for this input now: retry later")
+            return 0
+        self.t_waiting = time.monotonic()
+        piece = tokens[self.n_done: self.n_done + room]
         ctx.set_embeddings(True)
         try:
             batch = Batch(np.asarray(piece, np.int32), np.arange(self.n_done, self.n_done + len(piece)),
@@ -84,6 +105,25 @@ class EmbeddingJob(SideJob):
 
     def cells_held(self) -> int:
         return self.n_done
+
+    def release_cells(self) -> int:
+        """The generating slots need the cells: the current input starts again later (a few times at most)."""
+        n = self.n_done
+        self._release()
+        self.n_released += 1
+        if self.n_released > MAX_RELEASES:
+            super().abandon(QueueFullError("the KV cache is needed by the generating slots: retry later"))
+        return n
+
+    def _drop_idle_caches(self, n_cells: int) -> int:
+        """Forget idle slots' cached prefixes, least recently used first, until n_cells are free; the cells freed."""
+        freed = 0
+        idle = [s for s in self.engine.slots if not s.is_busy and s.cache_tokens]
+        for s in sorted(idle, key=lambda s: s.t_last_used):
+            if freed >= n_cells:
+                break
+            freed += self.engine._forget_cache(s)
+        return freed
 
     def abandon(self, exc: BaseException) -> None:
         self._release()
