@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     proc = start_server(port, args.slots, args.ctx, args.threads or os.cpu_count() or 1, args.log)
     streamer = Streamer(base, args.stream_tokens)
     try:
+        with httpx.Client(base_url=base, timeout=600) as h:   # the first embedding and prompt chunks compile
+            h.post("/v1/embeddings", json={"input": words(600, 7)})
+            h.post("/v1/completions", json={"prompt": words(600, 8), "max_tokens": 2, "temperature": 0})
         streamer.start()
         while not any(len(s) > 5 for s in list(streamer.streams)):   # past the first compiles
             time.sleep(0.2)

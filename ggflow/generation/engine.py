@@ -243,10 +243,10 @@ class Engine:
             n_extra = sum(len(t) for _, t in entries) - n_rows
             if entries:
                 self._decode(entries)
-            if self.side.pending:   # the rest of the step's budget, after the slots' decode (side_work.py)
-                n_extra += self.side.run(self.budget.extra_tokens(n_rows) - n_extra,
-                                         self._free_cells() - 2 * n_rows)
-            if n_rows or n_extra:
+            n_side = 0
+            if self.side.pending:   # a piece of side work after the slots' decode (side_work.py)
+                n_side = self.side.run(self.budget.side_tokens(n_rows, n_extra), self._free_cells() - 2 * n_rows)
+            if (n_rows or n_extra) and not n_side:
                 self.budget.observe(n_rows, n_extra, time.perf_counter() - t0)
         except Exception as exc:  # a bug or a backend failure: report it to every request in flight
             log.exception("engine step failed")

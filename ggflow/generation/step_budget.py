@@ -13,8 +13,8 @@ on the batch it is evaluated in.
 from __future__ import annotations
 
 LATENCY_FACTOR = 2.0   # a step with extra tokens takes at most this many times a rows-only step
-MIN_TOKENS = 8         # the least a step gives to prompt chunks and side work, whatever the times
-FIRST_TOKENS = 32      # before anything is measured
+MIN_TOKENS = 4         # the least a step gives to prompt chunks and side work, whatever the times
+FIRST_TOKENS = 8       # before anything is measured
 SMOOTHING = 0.2        # weight of the newest measurement in the running averages
 FLOOR_S = 1e-4         # an average this small may still grow 3x per measurement
 
@@ -37,8 +37,18 @@ class StepBudget:
         n = int((self.latency_factor - 1.0) * self.t_rows / max(self.t_token, 1e-9))
         return min(room, _power_of_two_below(max(n, self.min_tokens)))
 
+    def side_tokens(self, n_rows: int, n_prompt: int) -> int:
+        """The tokens of this step's side work (side_work.py), after ``n_prompt`` prompt tokens. Its piece is a
+        decode of its own, whose fixed cost is about a rows-only step's: while slots generate it gets half the
+        budget (what the prompt chunks left of it), at least ``min_tokens``."""
+        extra = self.extra_tokens(n_rows)
+        if n_rows == 0:
+            return max(extra - n_prompt, self.min_tokens)
+        return max(min(extra // 2, extra - n_prompt), self.min_tokens)
+
     def observe(self, n_rows: int, n_extra: int, seconds: float) -> None:
-        """A step evaluated ``n_rows`` generating rows and ``n_extra`` other tokens in ``seconds``."""
+        """A step evaluated ``n_rows`` generating rows and ``n_extra`` prompt tokens in one decode, in ``seconds``
+        (steps with side work are not observed: their second decode is no measure of a token's cost)."""
         if n_rows > 0 and n_extra == 0:
             self.t_rows = _average(self.t_rows, seconds)
         elif n_extra > 0 and self.t_rows is not None:
