@@ -56,7 +56,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                           "required": ["city"]}}}]
 QUESTIONS = ["What is the weather in Paris?", "Is it raining in Tokyo?", "Tell me a joke.", "What is 2 + 2?"]
-REPLAYS = 200
+REPLAYS = 100
 # an input's cells in the shared cache are wherever the other requests left room (alone: in order), and the
 # attention sums over them in cell order, so float32 rounding differs (seen: 8e-5 on a unit vector)
 EMBED_ATOL = 1e-3
