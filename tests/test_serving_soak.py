@@ -29,7 +29,7 @@ def load_soak():
 def test_a_minute_of_streams_cancels_and_disconnects_leaves_the_server_clean(tmp_path):
     soak = load_soak()
     report = soak.run(clients=8, seconds=SOAK_SECONDS, slots=4, ctx=2048, threads=1, seed=16, warmup_s=12,
-                      replays=30,
+                      replays=30, rss_tolerance=0.05,   # the 2 % is for 10 minutes, not 50 s on a busy machine
                       log_path=str(tmp_path / "serve.log"))
     print(report.summary())
     t = report.tally
