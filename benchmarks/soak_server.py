@@ -22,8 +22,9 @@ by at least the tokens the clients received (cancelled streams count the chunks 
 server's peak RSS after the warm-up within 2 % of its RSS when the warm-up ended, and no lost or corrupted
 reply: after the clients stop, the greedy replies they got (completions, grammar and tool requests, up to
 ``--replays`` distinct ones) are asked again one at a time and must come back the same, and every embedding
-equals the one the idle server gives for its input (within EMBED_ATOL). It prints a summary and exits 1 when a check fails. Everything is bounded: the clients stop at the deadline, every request
-has a timeout, the server is killed if it does not stop.
+equals the one the idle server gives for its input (within EMBED_ATOL). It prints a summary and exits 1
+when a check fails. Everything is bounded: the clients stop at the deadline, every request has a timeout,
+the server is killed if it does not stop.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from ggflow.generation.step_budget import FIRST_TOKENS, StepBudget
 from tests.test_serving_http import SERVED, client, server, wait_idle  # noqa: F401  (the module-scoped server)
 
 STREAM_PROMPT = "Once upon a time"
-STREAM_TOKENS = 120
+STREAM_TOKENS = 80
 
 
 @pytest.fixture()

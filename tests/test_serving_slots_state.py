@@ -204,6 +204,7 @@ class SlotsMachine(RuleBasedStateMachine):
 def test_slots_come_back_idle_after_any_mix_of_requests(server):
     SlotsMachine.url, SlotsMachine.solo, SlotsMachine.vectors = server
     run = SlotsMachine.TestCase
-    run.settings = settings(max_examples=int(os.environ.get('SLOTS_EXAMPLES', 6)), stateful_step_count=5, deadline=None, database=None,
-                            derandomize=True, suppress_health_check=list(HealthCheck))
+    run.settings = settings(max_examples=int(os.environ.get("SLOTS_EXAMPLES", 6)), stateful_step_count=5,
+                            deadline=None, database=None, derandomize=True,
+                            suppress_health_check=list(HealthCheck))
     run().runTest()

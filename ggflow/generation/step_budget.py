@@ -7,8 +7,8 @@ a step of the generating rows alone: extra = (factor - 1) * t_rows / t_token, ke
 [``min_tokens``, n_batch - rows] so a prompt always makes progress. With no slot generating nothing waits on
 the step, and the whole ``n_batch`` is used. Both times are running averages (they grow with the KV length),
 so the budget follows the machine and the backend (a GPU, for which a wide batch costs about what one row
-does, gets the whole ``n_batch``); it is rounded down to a power of two so few step shapes are built. Chunk sizes do not change greedy outputs: a row's result does not depend
-on the batch it is evaluated in.
+does, gets the whole ``n_batch``); it is rounded down to a power of two so few step shapes are built.
+Chunk sizes do not change greedy outputs: a row's result does not depend on the batch it is evaluated in.
 """
 from __future__ import annotations
 
