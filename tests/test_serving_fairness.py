@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ggflow.generation.step_budget import FIRST_TOKENS, StepBudget
-from tests.test_serving_http import SERVED, client, server, wait_idle  # noqa: F401  (the module-scoped server)
+from tests.test_serving_http import SERVED, client, erase_all, server, wait_idle  # noqa: F401  (module-scoped)
 
 STREAM_PROMPT = "Once upon a time"
 STREAM_TOKENS = 80
@@ -33,7 +33,15 @@ def decodes(server):
     del ctx.decode
 
 
+def server_of(client) -> str:
+    return str(client.base_url).rstrip("/").removesuffix("/v1")
+
+
 def stream_text(client, started: threading.Event | None = None) -> str:
+    """The greedy stream's text, from an empty cache (as test_serving_http's concurrent streams: a run that
+    starts from another cache state is not compared)."""
+    if started is None:
+        erase_all(server_of(client))
     stream = client.completions.create(model="smollm2", prompt=STREAM_PROMPT, max_tokens=STREAM_TOKENS,
                                        temperature=0, stream=True, extra_body={"ignore_eos": True})
     parts = []
@@ -47,6 +55,7 @@ def stream_text(client, started: threading.Event | None = None) -> str:
 
 def while_streaming(client, work):
     """Run ``work()`` once a greedy stream has its first token; (the stream's text, work's result)."""
+    erase_all(server_of(client))
     started, out = threading.Event(), {}
     thread = threading.Thread(target=lambda: out.setdefault("text", stream_text(client, started)))
     thread.start()
