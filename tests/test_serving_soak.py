@@ -1,5 +1,6 @@
-"""The server under load, for a minute: benchmarks/soak_server.py with 8 clients on 4 slots (the 10-minute
-run with 32 clients is the benchmark itself; docs/reliability.md has its figures)."""
+"""The server under load, for a minute: benchmarks/soak_server.py with 8 clients on 4 slots (streams, plain
+requests, cancels, disconnects, embeddings, grammar and tool requests; greedy replies compared with their solo
+runs). The 10-minute run with 32 clients is the benchmark itself; docs/reliability.md has its figures."""
 from __future__ import annotations
 
 import importlib.util
@@ -28,11 +29,15 @@ def load_soak():
 def test_a_minute_of_streams_cancels_and_disconnects_leaves_the_server_clean(tmp_path):
     soak = load_soak()
     report = soak.run(clients=8, seconds=SOAK_SECONDS, slots=4, ctx=2048, threads=1, seed=16, warmup_s=12,
+                      replays=30, rss_tolerance=0.05,   # the issue's 2 % is for 10 minutes, not 50 s on a busy machine
                       log_path=str(tmp_path / "serve.log"))
     print(report.summary())
     t = report.tally
     assert not report.problems(), report.summary()
     # the checks had something to check: every kind of client ran, and tokens flowed
-    assert min(t.requests[k] for k in ("complete", "plain", "cancel", "disconnect")) > 0, t.requests
-    assert t.tokens_received > 0 and t.statuses[200] == t.requests["complete"] + t.requests["plain"]
+    assert min(t.requests[k] for k in ("complete", "plain", "cancel", "disconnect", "embed", "grammar", "tool")) > 0, \
+        t.requests
+    assert t.tokens_received > 0 and t.statuses[200] == sum(t.requests[k] for k in ("complete", "plain", "embed",
+                                                                                  "grammar", "tool"))
+    assert report.replayed > 0   # greedy replies were compared with their solo runs
     assert all(status < 500 for status in t.statuses)

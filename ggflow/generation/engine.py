@@ -4,12 +4,14 @@ Each step (llama-server's ``update_slots``):
   1. free the slots of cancelled requests; admit waiting requests into idle slots, each starting from the
      longest prefix any slot's cache holds (prefix_cache.py: shared cells, evaluating only the rest);
   2. plan one batch: the pending token of every generating slot, then chunks of prompts still being
-     evaluated, up to ``n_batch`` tokens and never more than the KV cache has free cells. When the
+     evaluated, up to ``n_batch`` tokens (fewer while slots generate: step_budget.py) and never more than
+     the KV cache has free cells. When the
      generating slots alone do not fit, idle slots' caches are dropped first; if that is not enough,
      the active slot holding the most cells is finished with "length" (so the others go on untouched);
   3. decode it; status 1 (no room, cache unchanged) defers the prompt chunks and retries;
   4. sample a token for every slot whose logits came out, with that request's own sampler chain (the
      greedy chains that reduce to an argmax: one argmax over all their rows, greedy_rows.py).
+  5. run a piece of the side work (embeddings, rerank: side_work.py) with what is left of the step's budget.
 
 A request with ``siblings`` (n > 1 choices) is admitted into that many idle slots at once: one evaluates the
 prompt, the others wait (FORKED) and then share its cells (``seq_cp``) and sample from the same logits row.
@@ -41,8 +43,10 @@ from ggflow.generation.metrics import EngineMetrics
 from ggflow.generation.prefix_cache import PrefixSharing
 from ggflow.generation.records import Timings
 from ggflow.generation.request import EngineStoppedError, PromptTooLongError, QueueFullError, Request
+from ggflow.generation.side_work import SideJob, SideWork
 from ggflow.generation.slot import FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, Slot, SlotState
 from ggflow.generation.speculative import add_drafts, can_roll_back, take_drafted
+from ggflow.generation.step_budget import StepBudget
 
 log = logging.getLogger(__name__)
 DECODE_NO_KV_SLOT = 1
@@ -90,6 +94,8 @@ class Engine:
         self._slots_snapshot = [s.snapshot() for s in self.slots]
         self._n_tokens_max = 0                          # the longest sequence so far (/metrics)
         self.drafter = None                             # speculative decoding (speculative.py), when set
+        self.side = SideWork()                          # embeddings, rerank: a piece per step (side_work.py)
+        self.budget = StepBudget(self.n_batch)          # prompt + side tokens per step (step_budget.py)
 
     @classmethod
     def load(cls, model_path: str, *, n_ctx: int = 8192, n_slots: int = 4, n_batch: int | None = None,
@@ -157,6 +163,15 @@ class Engine:
             self._cond.notify()
         return future
 
+    def run_side(self, job: SideJob) -> Future:
+        """Run a piece-wise job in the engine thread, a piece per step between the slots' decodes."""
+        with self._cond:
+            if self._stopping:
+                raise EngineStoppedError("the server is shutting down and takes no new requests")
+            future = self.side.submit(job)
+            self._cond.notify()
+        return future
+
     def erase_slot(self, slot_id: int) -> Future:
         """llama-server's slot erase: forget an idle slot's cached tokens; the future gives how many."""
         if not 0 <= slot_id < len(self.slots):
@@ -200,6 +215,7 @@ class Engine:
                 for s in self.slots:
                     if s.request is not None:
                         s.request.cancel()
+                self.side.abandon_all(EngineStoppedError("the server is shutting down"))
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -207,16 +223,18 @@ class Engine:
     def run_forever(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self._calls and not self._any_busy() and not self._stopping:
+                while not self._waiting and not self._calls and not self._any_busy() and not self._stopping \
+                        and not self.side.pending:
                     self._cond.wait(0.5)
-                if self._stopping and not self._waiting and not self._calls and not self._any_busy():
+                if self._stopping and not self._waiting and not self._calls and not self._any_busy() \
+                        and not self.side.pending:
                     return
             self.step()
 
     def run_until_idle(self, timeout: float | None = None) -> None:
         """Step in the calling thread until nothing is waiting or running (offline batches, tests)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._waiting or self._calls or self._any_busy():
+        while self._waiting or self._calls or self._any_busy() or self.side.pending:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"the engine was still busy after {timeout} s")
             self.step()
@@ -231,9 +249,17 @@ class Engine:
         try:
             self._drop_cancelled()
             self._admit()
+            t0 = time.perf_counter()
             entries = self._plan()
+            n_rows = sum(s.state is SlotState.GENERATING for s, _ in entries)
+            n_extra = sum(len(t) for _, t in entries) - n_rows
             if entries:
                 self._decode(entries)
+            n_side = 0
+            if self.side.pending:   # a piece of side work after the slots' decode (side_work.py)
+                n_side = self.side.run(self.budget.side_tokens(n_rows, n_extra), self._free_cells() - 2 * n_rows)
+            if (n_rows or n_extra) and not n_side:
+                self.budget.observe(n_rows, n_extra, time.perf_counter() - t0)
         except Exception as exc:  # a bug or a backend failure: report it to every request in flight
             log.exception("engine step failed")
             for s in self.slots:
@@ -314,8 +340,10 @@ class Engine:
                 continue                     # idle slots' prefixes made room for the prompts (LRU first)
             entries: list[Entry] = [(s, s.tokens_to_evaluate(1)) for s in generating]
             # prompt chunks leave room for the generating slots' next tokens, so a long prompt arriving
-            # late waits instead of filling the cache and forcing a running slot to finish
-            budget = min(self.n_batch - len(generating), free - 2 * len(generating))
+            # late waits instead of filling the cache and forcing a running slot to finish; they fit the step
+            # budget (step_budget.py), half of it when side work waits too
+            extra = self.budget.extra_tokens(len(generating))
+            budget = min(extra - (extra // 2 if self.side.pending else 0), free - 2 * len(generating))
             if self.drafter is not None and generating and can_roll_back(self.ctx.memory):
                 budget -= add_drafts(self.drafter, entries, budget, self.n_ctx)
             for s in busy:
@@ -332,6 +360,8 @@ class Engine:
             n_cells -= self._forget_cache(s)
             if n_cells <= 0:
                 return
+        if self.side.release_cells():   # an embedding's cells first: it starts that input again later
+            return
         largest = max((s for s in self.slots if s.is_busy), key=lambda s: len(s.cache_tokens))
         if self.context_shift and largest.state is SlotState.GENERATING:
             self._shift(largest)

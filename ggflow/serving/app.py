@@ -29,7 +29,7 @@ from ggflow.structured.chat_tools import ToolCalling
 from ggflow.serving.chat import chat_prompt_tokens
 from ggflow.serving.chat_page import add_chat_page
 from ggflow.serving.engine import Engine
-from ggflow.serving.embeddings import embed_tokens
+from ggflow.serving.embeddings import embedding_job
 from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, DetokenizeBody, EmbeddingBody,
                                           TokenizeBody)
 from ggflow.serving.prometheus import metrics_text
@@ -173,7 +173,7 @@ def create_app(state: ServerState) -> FastAPI:
         body = await _parse(http, EmbeddingBody)
         engine = state.ready()
         token_lists = await off_loop(body.token_lists, engine.vocab, engine.n_ctx)
-        vectors = await asyncio.wrap_future(engine.call_soon(lambda: embed_tokens(engine, token_lists)))
+        vectors = await asyncio.wrap_future(engine.run_side(embedding_job(engine, token_lists)))
         n = sum(len(t) for t in token_lists)
         if body.encoding_format == "base64":   # what the openai client asks for: little-endian float32 bytes
             vectors = [base64.b64encode(np.asarray(v, "<f4").tobytes()).decode() for v in vectors]

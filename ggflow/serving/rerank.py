@@ -4,7 +4,8 @@
 Request: {"query": str, "documents": [str | {"text": str}], "top_n"?: int, "return_documents"?: bool}.
 Response: {"object": "list", "model", "results": [{"index", "relevance_score", "document"?: {"text"}}] (best
 first, the first top_n), "usage": {"prompt_tokens", "total_tokens"}}. The pairs are scored in the engine
-thread (the only code that touches the Context) by ``api.encoder``, batched per ubatch. A model without a
+thread (the only code that touches the Context) by ``api.encoder``, batched per ubatch, a step's budget of
+them at a time (``EncoderJob``, a side job: a long list does not hold the engine). A model without a
 classification head answers 400; so does a generation route on an encoder or on a ``--embedding`` server.
 """
 from __future__ import annotations
@@ -17,8 +18,9 @@ from fastapi import Request as HTTPRequest
 from pydantic import BaseModel, ConfigDict
 
 from ggflow.api.encoder import (ModelKindError, fit_tokens, is_encoder, is_reranker, max_input_tokens, pair_tokens,
-                                rank_results, score_token_lists)
+                                rank_results)
 from ggflow.errors import GGFlowError
+from ggflow.serving.embeddings import EncoderJob
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def add_rerank_routes(app: Any, state: Any, parse: Callable) -> None:
         limit = max_input_tokens(engine.ctx)
         pairs = [fit_tokens(pair_tokens(engine.vocab, body.query, d), limit, True, f"documents[{i}]", True)
                  for i, d in enumerate(docs)]
-        scores = await asyncio.wrap_future(engine.call_soon(lambda: score_token_lists(engine.ctx, pairs)[:, 0]))
+        scores = await asyncio.wrap_future(engine.run_side(EncoderJob(engine, pairs, score=True)))
         n = sum(len(p) for p in pairs)
         return {"object": "list", "model": state.model_name,
                 "results": rank_results(scores, docs, body.top_n, body.return_documents),
