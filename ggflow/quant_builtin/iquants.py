@@ -175,9 +175,9 @@ def _traits(name: str, type_id: int, block_size: int, type_size: int, decode, ve
 
 
 def _encoder(name: str) -> Callable[[np.ndarray], np.ndarray]:
-    def from_float(blocks: np.ndarray) -> np.ndarray:
+    def from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
         from ggflow.quant_builtin import _iq4_encoders  # numba compiles on first use, not at plugin load
-        return getattr(_iq4_encoders, f"quantize_{name.lower()}")(blocks)
+        return getattr(_iq4_encoders, f"quantize_{name.lower()}")(blocks, quant_weights)
     from_float.__name__ = f"quantize_{name.lower()}"
     return from_float
 

@@ -178,7 +178,8 @@ def _q8_quants(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d, c_float_to_int8(round_half_away(_scaled(blocks, inv)))
 
 
-def q8_0_from_float(blocks: np.ndarray) -> np.ndarray:
+def q8_0_from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
+    """quant_weights: accepted and unused, as ggml's quantize_* ignores them for this type."""
     blocks = _prepare(blocks, "Q8_0")
     d, q = _q8_quants(blocks)
     rec = _new_records(len(blocks), Q8_0_BLOCK)
