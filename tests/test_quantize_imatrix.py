@@ -136,12 +136,24 @@ def test_legacy_dat_and_the_cli(qwen3, tmp_path, capsys):
     out = tmp_path / "q.gguf"
     assert main(["quantize", str(model), str(out), "Q4_K_M", "--imatrix", str(dat), "-q"]) == 0
     text = capsys.readouterr().out
-    assert f"imatrix:   {dat}: importance weights used for 0 tensor(s)" in text
-    assert "quantized without importance weights" in text and "blk.0.attn_q.weight (Q4_K)" in text
+    assert f"imatrix:   {dat}: importance weights used for 14 tensor(s)" in text
+    assert "2 tensor(s) quantized without importance weights" in text   # token_embd and output: no entry
+    m, src, got = read_imatrix(dat), tensors(model), tensors(out)
+    for name in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight"):   # Q4_K and Q6_K in this mix
+        want = ggflow.quantize(src[name][1], got[name][0], m.importance(name))
+        np.testing.assert_array_equal(got[name][1].reshape(want.shape), want)
     assert gguf.GGUFReader(out).fields["quantize.imatrix.entries_count"].contents() == 14
     assert main(["quantize", str(model), str(tmp_path / "y.gguf"), "IQ4_XS", "--imatrix",
                  str(tmp_path / "missing.dat"), "-q"]) == 2
     assert "no such imatrix file" in capsys.readouterr().err
+
+
+def test_types_without_a_weighted_encoder_are_reported(qwen3, tmp_path):
+    model, imatrix = qwen3
+    report = quantize_model(model, tmp_path / "q40.gguf", "Q4_0", progress=False, imatrix=imatrix)
+    unweighted = {t.name for t in report.tensors if t.weighted is False}
+    assert "blk.0.attn_q.weight" in unweighted and "blk.1.ffn_up.weight" in unweighted
+    assert "blk.0.attn_q.weight (Q4_0)" in report.summary()
 
 
 def test_experts_get_their_own_weights(tmp_path):
