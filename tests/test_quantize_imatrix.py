@@ -149,11 +149,14 @@ def test_legacy_dat_and_the_cli(qwen3, tmp_path, capsys):
 
 
 def test_types_without_a_weighted_encoder_are_reported(qwen3, tmp_path):
+    """Every built-in type llama-quantize weighs now has its weighted encoder; a type without one (Q8_K here,
+    a plugin's type likewise) is quantized without the weights, and the report names each such tensor."""
     model, imatrix = qwen3
-    report = quantize_model(model, tmp_path / "q40.gguf", "Q4_0", progress=False, imatrix=imatrix)
+    report = quantize_model(model, tmp_path / "q2k.gguf", "Q2_K", progress=False, imatrix=imatrix,
+                            tensor_types={"attn_q": "Q8_K"})
     unweighted = {t.name for t in report.tensors if t.weighted is False}
-    assert "blk.0.attn_q.weight" in unweighted and "blk.1.ffn_up.weight" in unweighted
-    assert "blk.0.attn_q.weight (Q4_0)" in report.summary()
+    assert unweighted == {"blk.0.attn_q.weight", "blk.1.attn_q.weight", "output.weight", "token_embd.weight"}
+    assert "blk.0.attn_q.weight (Q8_K)" in report.summary()
 
 
 def test_experts_get_their_own_weights(tmp_path):

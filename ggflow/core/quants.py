@@ -15,16 +15,22 @@ from ggflow.errors import QuantizationError
 
 
 @lru_cache(maxsize=None)
-def _encoder_takes_weights(from_float) -> bool:
+def _encoder_params(from_float) -> frozenset[str]:
     try:
-        return "quant_weights" in inspect.signature(from_float).parameters
+        return frozenset(inspect.signature(from_float).parameters)
     except (TypeError, ValueError):
-        return False
+        return frozenset()
+
+
+def _encoder_takes_weights(from_float) -> bool:
+    return "quant_weights" in _encoder_params(from_float)
 
 
 def takes_importance(type_name: "str | int | TypeTraits") -> bool:
     """Whether the type's encoder takes importance weights: a ``from_float(blocks, quant_weights=None)``
-    whose quant_weights, when given, are (n_blocks, block_size) float32 (ggml's quant_weights per element)."""
+    whose quant_weights, when given, are (n_blocks, block_size) float32 (ggml's quant_weights per element).
+    An encoder that also has an ``n_per_row`` parameter is told the row length (ggml's legacy types weigh
+    by the row's mean square)."""
     traits = type_traits(type_name)
     return traits.from_float is not None and _encoder_takes_weights(traits.from_float)
 
@@ -52,7 +58,8 @@ def quantize(data: np.ndarray, type_name: "str | int | TypeTraits", quant_weight
         if qw.size != n:
             raise QuantizationError(f"{qw.size} importance weights for rows of {n} elements")
         qw = np.broadcast_to(qw.reshape(1, -1), (blocks.size // n, n)).reshape(-1, traits.block_size)
-        out = np.asarray(traits.from_float(blocks, quant_weights=qw), dtype=np.uint8)
+        extra = {"n_per_row": n} if "n_per_row" in _encoder_params(traits.from_float) else {}
+        out = np.asarray(traits.from_float(blocks, quant_weights=qw, **extra), dtype=np.uint8)
     return out.reshape(*data.shape[:-1], row_bytes)
 
 

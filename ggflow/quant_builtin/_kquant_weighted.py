@@ -1,12 +1,12 @@
-"""numba kernels for the K-quant encoders given importance weights: ggml's quantize_row_q4_K_impl,
-quantize_row_q5_K_impl and quantize_row_q6_K_impl, byte for byte (what ggml_quantize_chunk, hence
+"""numba kernels for the K-quant encoders given importance weights: ggml's quantize_row_q2_K_impl ..
+quantize_row_q6_K_impl, byte for byte (what ggml_quantize_chunk, hence
 llama-quantize with an imatrix, writes).
 
 Same rules as ``_kquant_encoders`` (float32 in C's order, no FMA, ggml's nearest_int). Q4_K / Q5_K weigh
 each element by ``qw * sqrt(sigma2 + x^2)`` (sigma2 = 2 * mean x^2 of the super-block), fit each 32-group
 with make_qkx3_quants (= the weighted make_qkx2_quants), and code the 8 group scales and mins with
 make_qp_quants weighted by the groups' weight sums; Q6_K fits each 16-group with make_qx_quants weighted
-by qw itself. Drivers: ``quantize_<type>_w(blocks, qw, out)``, blocks and qw (n_blocks, 256).
+by qw itself; Q2_K / Q3_K are described at their drivers. Drivers: ``quantize_<type>_w(blocks, qw, out)``, blocks and qw (n_blocks, 256).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 from ggflow.quant_builtin._kquant_encoders import (
-    GROUP_MAX_EPS, make_qkx2_quants, nearest_int, round_to_fp16, scale_min_k4)
+    GROUP_MAX_EPS, make_qkx2_quants, nearest_int, q3_scale, round_to_fp16, scale_min_k4)
 
 f32 = np.float32
 
@@ -251,3 +251,96 @@ def quantize_q6_k_w(blocks, qw, out):
                 ql[64 * h + l + 32] = q2 | (q4 << 4)
                 qh[32 * h + l] = ((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2)
                                   | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6))
+
+
+@njit(cache=True, fastmath=False)
+def quantize_q2_k_w(blocks, qw, out):
+    """quantize_row_q2_K_impl: block_q2_K scales[16] | qs[64] | d | dmin; 16-groups fit by make_qkx3_quants
+    (weights qw * sqrt(sigma2 + x^2), sigma2 the super-block's mean square), scales and mins by make_qp_quants."""
+    L, Laux, Ls, Lm = np.empty(256, np.uint8), np.empty(16, np.uint8), np.empty(16, np.int64), np.empty(16, np.int64)
+    weight, scales, mins, sw = (np.empty(16, np.float32), np.empty(16, np.float32), np.empty(16, np.float32),
+                                np.empty(16, np.float32))
+    for i in range(blocks.shape[0]):
+        x, y = blocks[i], out[i]
+        y[:] = 0
+        sumx2 = f32(0.0)
+        for j in range(256):
+            sumx2 += x[j] * x[j]
+        sigma2 = sumx2 / f32(256.0)
+        for j in range(16):
+            for l in range(16):
+                weight[l] = qw[i, 16 * j + l] * np.sqrt(sigma2 + x[16 * j + l] * x[16 * j + l])
+            s = f32(0.0)
+            for l in range(16):
+                s += weight[l]
+            sw[j] = s
+            scale, the_min = make_qkx2_quants(x[16 * j:16 * j + 16], weight, 3, f32(-0.9), f32(0.05), 36, False,
+                                              L[16 * j:16 * j + 16], Laux)
+            scales[j] = scale
+            mins[j] = the_min
+        dm = make_qp_quants(scales, 15, Ls, sw)
+        mm = make_qp_quants(mins, 15, Lm, sw)
+        dm = round_to_fp16(y, 80, dm)
+        mm = round_to_fp16(y, 82, mm)
+        for j in range(16):
+            y[j] = (Ls[j] | (Lm[j] << 4)) & 0xFF
+        for j in range(16):
+            d = dm * f32(y[j] & 0xF)
+            if d == 0:
+                continue
+            m = mm * f32(y[j] >> 4)
+            for ii in range(16):
+                L[16 * j + ii] = max(0, min(3, nearest_int((x[16 * j + ii] + m) / d)))
+        for h in range(2):
+            for l in range(32):
+                j = 128 * h
+                y[16 + 32 * h + l] = L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6)
+
+
+@njit(cache=True, fastmath=False)
+def quantize_q3_k_w(blocks, qw, out):
+    """quantize_row_q3_K_impl: block_q3_K hmask[32] | qs[64] | scales[12] | d; 16-groups fit by the weighted
+    make_qx_quants (nmax 4), their scales by make_qx_quants (nmax 32) weighted by the groups' weight sums."""
+    L, Ls = np.empty(256, np.int8), np.empty(16, np.int8)
+    weight, scales, sw = np.empty(16, np.float32), np.empty(16, np.float32), np.empty(16, np.float32)
+    for i in range(blocks.shape[0]):
+        x, y = blocks[i], out[i]
+        y[:] = 0
+        sumx2 = f32(0.0)
+        for j in range(256):
+            sumx2 += x[j] * x[j]
+        sigma2 = f32(2.0) * sumx2 / f32(256.0)
+        for j in range(16):
+            for l in range(16):
+                weight[l] = qw[i, 16 * j + l] * np.sqrt(sigma2 + x[16 * j + l] * x[16 * j + l])
+            s = f32(0.0)
+            for l in range(16):
+                s += weight[l]
+            sw[j] = s
+            scales[j] = make_qx_quants_w(x[16 * j:16 * j + 16], 4, L[16 * j:16 * j + 16], weight)
+        d_block = make_qx_quants_w(scales, 32, Ls, sw)
+        packed = y[96:108]
+        for j in range(16):
+            l = np.int64(Ls[j])
+            if j < 8:
+                packed[j] = l & 0xF
+            else:
+                packed[j - 8] |= (l & 0xF) << 4
+            l >>= 4
+            packed[j % 4 + 8] |= (l << (2 * (j // 4))) & 0xFF
+        d_all = round_to_fp16(y, 108, d_block)
+        for j in range(16):
+            d = d_all * f32(q3_scale(packed, j))
+            if d == 0:
+                continue
+            for ii in range(16):
+                L[16 * j + ii] = max(-4, min(3, nearest_int(x[16 * j + ii] / d))) + 4
+        hmask = y[0:32]
+        for j in range(256):
+            if L[j] > 3:
+                hmask[j % 32] |= 1 << (j // 32)
+                L[j] -= 4
+        for h in range(2):
+            for l in range(32):
+                j = 128 * h
+                y[32 + 32 * h + l] = L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6)

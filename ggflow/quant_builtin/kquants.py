@@ -169,7 +169,7 @@ def _weighted_encoder(name: str, type_size: int) -> Callable[..., np.ndarray]:
     return from_float
 
 
-_WEIGHTED = ("Q4_K", "Q5_K", "Q6_K")
+_WEIGHTED = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 def _traits(name: str, type_id: int, block_dtype: np.dtype, decode) -> TypeTraits:
