@@ -2,7 +2,7 @@
 
 Two ways in, both through files another program could have written:
 - ``ggflow quantize --pure`` of a tiny F32 qwen3 (rows of 256: every super-block type fits) into each type
-  ggflow encodes (IQ4_NL, IQ4_XS, TQ1_0, TQ2_0);
+  ggflow encodes (IQ4_NL, IQ4_XS, IQ3_S, TQ1_0, TQ2_0), and llama-quantize's IQ3_M mix;
 - a file written by llama.cpp's gguf-py ``GGUFWriter`` with every 2-D weight in one of the types ggflow only
   decodes (IQ1_S .. IQ3_S) or encodes (all of them): random blocks, the super-scale set so the weights have
   the F32 model's spread. Its reference is the same model in F32 holding gguf-py's own dequantization of
@@ -139,17 +139,18 @@ def test_a_gguf_py_file_generates(qwen3, tmp_path, name):
 # -- files written by ggflow quantize ---------------------------------------------------------------
 # Against the F32 model the weights' own rounding dominates: these tiny random models are sensitive (the
 # existing test_quantize_model bounds qwen3 Q4_K_M at 0.5, measured 0.265). Measured here: IQ4_NL 0.308,
-# IQ4_XS 0.308; bound 0.45. Against the file's own weights in F32 (quantize to F32 of the quantized file,
-# ggflow's decoder) only the F16 rounding above is left: measured 0.1%, bound as for gguf-py's files.
-@pytest.mark.parametrize("name", ("IQ4_NL", "IQ4_XS"))
-def test_ggflow_quantize_to_iq4_runs_close_to_f32(qwen3, tmp_path, name):
+# IQ4_XS 0.308 (bound 0.45), IQ3_S 0.646 (3.44 bits per weight; bound 0.9). Against the file's own weights
+# in F32 (quantize to F32 of the quantized file, ggflow's decoder) only the F16 rounding above is left:
+# measured 0.1%, bound as for gguf-py's files.
+@pytest.mark.parametrize("name, bound", [("IQ4_NL", 0.45), ("IQ4_XS", 0.45), ("IQ3_S", 0.9)])
+def test_ggflow_quantize_to_an_i_quant_runs_close_to_f32(qwen3, tmp_path, name, bound):
     out = tmp_path / f"{name}.gguf"
     assert main(["quantize", str(qwen3), str(out), name, "--pure", "-q"]) == 0
     types = tensor_types(out)
     assert {n for n, t in types.items() if t == name} == {n for n, t in tensor_types(qwen3).items()
                                                           if n.endswith(".weight") and "norm" not in n}
     got = logits(out)
-    assert rel_rms(got, logits(qwen3)) < 0.45
+    assert rel_rms(got, logits(qwen3)) < bound
     own = tmp_path / "own-f32.gguf"
     quantize_model(out, own, "F32", progress=False)
     assert rel_rms(got, logits(own)) < DECODE_BOUND
@@ -194,3 +195,18 @@ def test_ggflow_quantize_of_ternary_weights_to_tq_is_lossless(qwen3, tmp_path, n
             back = gq.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
             np.testing.assert_array_equal(back.reshape(ref[t.name].shape), ref[t.name])
     assert rel_rms(logits(out), logits(src)) < DECODE_BOUND
+
+
+def test_the_iq3_m_mix_runs(qwen3, tmp_path):
+    """IQ3_M: IQ3_S with Q4_K attn_v and attn_output and a Q6_K output (the rules of mixes.py; the first
+    n_layer/8 ffn_down would be Q4_K too, none of 2 layers). The Q4_K / Q6_K matrices
+    take activations rounded to Q8_K, so against its own weights in F32 the run moves by 1.6% (as the
+    K-quant mixes do in test_quantize_model: 1.9% - 2.6%); bound 5%, and 0.9 against the F32 model (0.521)."""
+    out = tmp_path / "iq3m.gguf"
+    report = quantize_model(qwen3, out, "IQ3_M", progress=False)
+    assert report.type_counts == {"IQ3_S": 11, "F32": 9, "Q4_K": 4, "Q6_K": 1}
+    got = logits(out)
+    own = tmp_path / "own-f32.gguf"
+    quantize_model(out, own, "F32", progress=False)
+    assert rel_rms(got, logits(own)) < 0.05
+    assert rel_rms(got, logits(qwen3)) < 0.9
