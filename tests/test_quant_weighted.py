@@ -18,7 +18,7 @@ from tests.data_dir import DATA
 
 GOLDEN = np.load(DATA / "quant_kq_imatrix_ggml_seed1.npz")
 ROWS = np.load(DATA / "golden" / "quant_ggml_seed1.npz")["input"]
-WEIGHTED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ3_S")
+WEIGHTED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ3_S", "IQ3_XXS")
 NOT_YET = ("Q8_K", "IQ2_XXS")   # Q8_K: no weighted ggml encoder; the 1-3 bit i-quants: no encoder at all
 
 

@@ -6,7 +6,7 @@ of a fixed table (``_iq_grids``: lattice points of 4 or 8 levels, sign patterns,
 levels). Every index is masked to its table's size by the layout itself, so no byte pattern reads
 outside a table. Decoders are vectorized numpy over all blocks; the same float32 products in C's
 order, a sign applied as a multiplication by +-1 as C does. IQ4_NL and IQ4_XS also encode
-(``_iq4_encoders``, ggml's quantize_row_iq4_*_ref), and so does IQ3_S (``_iq3s_encoder``); the others
+(``_iq4_encoders``, ggml's quantize_row_iq4_*_ref), and so do IQ3_S and IQ3_XXS (``_iq3s_encoder``); the others
 need an importance matrix in ggml and have no ``from_float`` here yet. Layouts: docs/quantization.md ("I-quants").
 """
 from __future__ import annotations
@@ -174,22 +174,26 @@ def _traits(name: str, type_id: int, block_size: int, type_size: int, decode, ve
                       vec_dot_type=vec_dot_type)
 
 
-def _iq3_s_encoder(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
-    """ggml's quantize_iq3_s (with quant_weights: its imatrix path), byte for byte (_iq3s_encoder)."""
-    from ggflow.quant_builtin import _iq3s_encoder as enc   # numba compiles on first use, not at plugin load
-    from ggflow.quant_builtin._blocks import check_float_blocks, require_finite
-    blocks = check_float_blocks(blocks, "IQ3_S", QK_K)
-    require_finite(blocks, "IQ3_S")
-    if quant_weights is None:
-        qw, has_qw = np.zeros((1, QK_K), np.float32), False
-    else:
-        qw, has_qw = np.ascontiguousarray(quant_weights, dtype=np.float32), True
-        if qw.shape != blocks.shape:
-            from ggflow.errors import QuantizationError
-            raise QuantizationError(f"IQ3_S: importance weights of shape {qw.shape} for blocks of shape {blocks.shape}")
-    out = np.zeros((blocks.shape[0], 110), np.uint8)
-    enc.quantize_iq3_s(blocks, qw, has_qw, *enc.tables(), out)
-    return out
+def _iq3_encoder(name: str, grid_size: int, type_size: int) -> Callable[..., np.ndarray]:
+    """ggml's quantize_iq3_s / quantize_iq3_xxs (with quant_weights: the imatrix path), byte for byte."""
+    def from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
+        from ggflow.errors import QuantizationError
+        from ggflow.quant_builtin import _iq3s_encoder as enc   # numba compiles on first use, not at plugin load
+        from ggflow.quant_builtin._blocks import check_float_blocks, require_finite
+        blocks = check_float_blocks(blocks, name, QK_K)
+        require_finite(blocks, name)
+        if quant_weights is None:
+            qw, has_qw = np.zeros((1, QK_K), np.float32), False
+        else:
+            qw, has_qw = np.ascontiguousarray(quant_weights, dtype=np.float32), True
+            if qw.shape != blocks.shape:
+                raise QuantizationError(f"{name}: importance weights of shape {qw.shape} for blocks of shape "
+                                        f"{blocks.shape}")
+        out = np.zeros((blocks.shape[0], type_size), np.uint8)
+        getattr(enc, f"quantize_{name.lower()}")(blocks, qw, has_qw, *enc.tables(grid_size), out)
+        return out
+    from_float.__name__ = f"quantize_{name.lower()}"
+    return from_float
 
 
 def _encoder(name: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -202,10 +206,10 @@ def _encoder(name: str) -> Callable[[np.ndarray], np.ndarray]:
 
 IQ2_XXS = _traits("IQ2_XXS", 16, QK_K, 66, dequantize_iq2_xxs, "Q8_K")
 IQ2_XS = _traits("IQ2_XS", 17, QK_K, 74, dequantize_iq2_xs, "Q8_K")
-IQ3_XXS = _traits("IQ3_XXS", 18, QK_K, 98, dequantize_iq3_xxs, "Q8_K")
+IQ3_XXS = _traits("IQ3_XXS", 18, QK_K, 98, dequantize_iq3_xxs, "Q8_K", _iq3_encoder("IQ3_XXS", 256, 98))
 IQ1_S = _traits("IQ1_S", 19, QK_K, 50, dequantize_iq1_s, "Q8_K")
 IQ4_NL = _traits("IQ4_NL", 20, 32, 18, dequantize_iq4_nl, "Q8_0", _encoder("IQ4_NL"))
-IQ3_S = _traits("IQ3_S", 21, QK_K, 110, dequantize_iq3_s, "Q8_K", _iq3_s_encoder)
+IQ3_S = _traits("IQ3_S", 21, QK_K, 110, dequantize_iq3_s, "Q8_K", _iq3_encoder("IQ3_S", 512, 110))
 IQ2_S = _traits("IQ2_S", 22, QK_K, 82, dequantize_iq2_s, "Q8_K")
 IQ4_XS = _traits("IQ4_XS", 23, QK_K, 136, dequantize_iq4_xs, "Q8_K", _encoder("IQ4_XS"))
 IQ1_M = _traits("IQ1_M", 29, QK_K, 56, dequantize_iq1_m, "Q8_K")
