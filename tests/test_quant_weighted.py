@@ -18,8 +18,9 @@ from tests.data_dir import DATA
 
 GOLDEN = np.load(DATA / "quant_kq_imatrix_ggml_seed1.npz")
 ROWS = np.load(DATA / "golden" / "quant_ggml_seed1.npz")["input"]
-WEIGHTED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ3_S", "IQ3_XXS")
-NOT_YET = ("Q8_K", "IQ2_XXS")   # Q8_K: no weighted ggml encoder; the 1-3 bit i-quants: no encoder at all
+WITH_CHUNK = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ3_S", "IQ3_XXS")
+WEIGHTED = WITH_CHUNK + ("IQ2_XXS",)   # IQ2_XXS: ggml requires the weights (no .chunk data)
+NOT_YET = ("Q8_K", "IQ2_XS")   # Q8_K: no weighted ggml encoder; IQ2_XS: no encoder at all yet
 
 
 def differing_blocks(ours: np.ndarray, ref: np.ndarray, type_size: int) -> np.ndarray:
@@ -35,12 +36,17 @@ def test_weighted_encoder_writes_ggml_s_bytes(name):
     assert takes_importance(name)
 
 
-@pytest.mark.parametrize("name", WEIGHTED)
+@pytest.mark.parametrize("name", WITH_CHUNK)
 def test_without_weights_it_is_ggml_s_chunk_quantizer(name):
     np.testing.assert_array_equal(ggflow.quantize(ROWS, name), GOLDEN[f"{name}.chunk"])
 
 
-@pytest.mark.parametrize("name", WEIGHTED)
+def test_iq2_xxs_needs_the_weights():
+    with pytest.raises(QuantizationError, match="IQ2_XXS needs importance weights"):
+        ggflow.quantize(ROWS[:1], "IQ2_XXS")
+
+
+@pytest.mark.parametrize("name", WITH_CHUNK)
 def test_the_weights_matter(name):
     """A weak-test guard: ggml's weighted bytes differ from its unweighted ones on most rows."""
     differ = (GOLDEN[f"{name}.imatrix"] != GOLDEN[f"{name}.chunk"]).any(axis=1)

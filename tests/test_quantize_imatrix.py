@@ -86,12 +86,24 @@ def test_the_mixes_rules_see_the_imatrix(tmp_path, monkeypatch):
 
 
 def test_low_bit_mixes_pass_the_refusal_with_an_imatrix(qwen3, tmp_path):
+    """IQ2_XXS: refused without an imatrix; with one it is written (each IQ2_XXS tensor with its weights) and
+    runs within 5% of its own weights in F32. IQ1_S passes the refusal too, and stops at its missing encoder."""
+    from tests.test_quant_iq_e2e import logits, rel_rms
     model, imatrix = qwen3
     with pytest.raises(QuantizationError, match="requires an importance matrix"):
         quantize_model(model, tmp_path / "x.gguf", "IQ2_XXS", progress=False)
-    # with one, the refusal is passed; what stops it now is the missing encoder, said as such
+    out = tmp_path / "iq2xxs.gguf"
+    report = quantize_model(model, out, "IQ2_XXS", progress=False, imatrix=imatrix)
+    assert report.type_counts["IQ2_XXS"] > 0
+    m, src, got = read_imatrix(imatrix), tensors(model), tensors(out)
+    for name in (n for n, (t, _) in got.items() if t == "IQ2_XXS"):
+        want = ggflow.quantize(src[name][1], "IQ2_XXS", m.importance(name))
+        np.testing.assert_array_equal(got[name][1].reshape(want.shape), want)
+    own = tmp_path / "own.gguf"
+    quantize_model(out, own, "F32", progress=False)
+    assert rel_rms(logits(out), logits(own)) < 0.05
     with pytest.raises(QuantizationError, match="can read but not write yet"):
-        quantize_model(model, tmp_path / "x.gguf", "IQ2_XXS", progress=False, imatrix=imatrix)
+        quantize_model(model, tmp_path / "x.gguf", "IQ1_S", progress=False, imatrix=imatrix)
 
 
 def test_an_imatrix_for_another_model_is_refused_naming_the_first_mismatch(qwen3, tmp_path):

@@ -67,7 +67,9 @@ def make_qx_quants_w(x, nmax, L, qw):
 
 @njit(cache=True, fastmath=False)
 def make_qp_quants(x, nmax, L, qw):
-    """ggml's make_qp_quants: non-negative x coded as scale * L, L in [0, nmax], weights qw."""
+    """ggml's make_qp_quants: x coded as scale * L, L in [0, nmax], weights qw. L is a uint8 array in C: a
+    negative level (IQ2_XXS passes values whose sign flip was undone) is stored as 256 + l and read back so,
+    while the running sums use the int; L here holds those uint8 values too."""
     n = x.size
     vmax = f32(0.0)
     for i in range(n):
@@ -78,7 +80,7 @@ def make_qp_quants(x, nmax, L, qw):
         return f32(0.0)
     iscale = f32(nmax) / vmax
     for i in range(n):
-        L[i] = nearest_int(iscale * x[i])
+        L[i] = nearest_int(iscale * x[i]) & 0xFF
     scale = f32(1.0) / iscale
     best_mse = f32(0.0)
     for i in range(n):
@@ -101,7 +103,7 @@ def make_qp_quants(x, nmax, L, qw):
     suml2 = f32(0.0)
     for i in range(n):
         l = min(nmax, nearest_int(iscale * x[i]))
-        L[i] = l
+        L[i] = l & 0xFF
         w = qw[i]
         sumlx += w * x[i] * f32(l)
         suml2 += w * f32(l) * f32(l)
@@ -119,7 +121,7 @@ def make_qp_quants(x, nmax, L, qw):
                     slx += w * x[i] * fn
                     sl2 += w * fn * fn
                     if slx * slx * suml2 > sumlx * sumlx * sl2:
-                        L[i] = new_l
+                        L[i] = new_l & 0xFF
                         sumlx = slx
                         suml2 = sl2
                         n_changed += 1

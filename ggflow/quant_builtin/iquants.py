@@ -6,8 +6,9 @@ of a fixed table (``_iq_grids``: lattice points of 4 or 8 levels, sign patterns,
 levels). Every index is masked to its table's size by the layout itself, so no byte pattern reads
 outside a table. Decoders are vectorized numpy over all blocks; the same float32 products in C's
 order, a sign applied as a multiplication by +-1 as C does. IQ4_NL and IQ4_XS also encode
-(``_iq4_encoders``, ggml's quantize_row_iq4_*_ref), and so do IQ3_S and IQ3_XXS (``_iq3s_encoder``); the others
-need an importance matrix in ggml and have no ``from_float`` here yet. Layouts: docs/quantization.md ("I-quants").
+(``_iq4_encoders``, ggml's quantize_row_iq4_*_ref), and so do IQ3_S and IQ3_XXS (``_iq3s_encoder``) and, given importance weights (which ggml
+requires for it), IQ2_XXS (``_iq2_encoder``); IQ1_S, IQ1_M, IQ2_XS and IQ2_S have no ``from_float``
+here yet. Layouts: docs/quantization.md ("I-quants").
 """
 from __future__ import annotations
 
@@ -196,6 +197,28 @@ def _iq3_encoder(name: str, grid_size: int, type_size: int) -> Callable[..., np.
     return from_float
 
 
+def _iq2_encoder(name: str, grid_size: int, type_size: int) -> Callable[..., np.ndarray]:
+    """ggml's quantize_iq2_* (_iq2_encoder), byte for byte; importance weights required, as in ggml."""
+    def from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
+        from ggflow.errors import QuantizationError
+        from ggflow.quant_builtin import _iq2_encoder as enc   # numba compiles on first use, not at plugin load
+        from ggflow.quant_builtin._blocks import check_float_blocks, require_finite
+        blocks = check_float_blocks(blocks, name, QK_K)
+        require_finite(blocks, name)
+        if quant_weights is None:
+            raise QuantizationError(f"{name} needs importance weights (ggml's quantizer requires them): give an "
+                                    "imatrix (ggflow quantize --imatrix FILE; ggflow imatrix computes one)")
+        qw = np.ascontiguousarray(quant_weights, dtype=np.float32)
+        if qw.shape != blocks.shape:
+            raise QuantizationError(f"{name}: importance weights of shape {qw.shape} for blocks of shape "
+                                    f"{blocks.shape}")
+        out = np.zeros((blocks.shape[0], type_size), np.uint8)
+        getattr(enc, f"quantize_{name.lower()}")(blocks, qw, *enc.tables(grid_size), out)
+        return out
+    from_float.__name__ = f"quantize_{name.lower()}"
+    return from_float
+
+
 def _encoder(name: str) -> Callable[[np.ndarray], np.ndarray]:
     def from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
         from ggflow.quant_builtin import _iq4_encoders  # numba compiles on first use, not at plugin load
@@ -204,7 +227,7 @@ def _encoder(name: str) -> Callable[[np.ndarray], np.ndarray]:
     return from_float
 
 
-IQ2_XXS = _traits("IQ2_XXS", 16, QK_K, 66, dequantize_iq2_xxs, "Q8_K")
+IQ2_XXS = _traits("IQ2_XXS", 16, QK_K, 66, dequantize_iq2_xxs, "Q8_K", _iq2_encoder("IQ2_XXS", 256, 66))
 IQ2_XS = _traits("IQ2_XS", 17, QK_K, 74, dequantize_iq2_xs, "Q8_K")
 IQ3_XXS = _traits("IQ3_XXS", 18, QK_K, 98, dequantize_iq3_xxs, "Q8_K", _iq3_encoder("IQ3_XXS", 256, 98))
 IQ1_S = _traits("IQ1_S", 19, QK_K, 50, dequantize_iq1_s, "Q8_K")
