@@ -19,8 +19,8 @@ from tests.data_dir import DATA
 GOLDEN = np.load(DATA / "quant_kq_imatrix_ggml_seed1.npz")
 ROWS = np.load(DATA / "golden" / "quant_ggml_seed1.npz")["input"]
 WITH_CHUNK = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ3_S", "IQ3_XXS")
-WEIGHTED = WITH_CHUNK + ("IQ2_XXS",)   # IQ2_XXS: ggml requires the weights (no .chunk data)
-NOT_YET = ("Q8_K", "IQ2_XS")   # Q8_K: no weighted ggml encoder; IQ2_XS: no encoder at all yet
+WEIGHTED = WITH_CHUNK + ("IQ2_XXS", "IQ2_XS")   # ggml requires the weights for these two (no .chunk data)
+NOT_YET = ("Q8_K", "IQ2_S")   # Q8_K: no weighted ggml encoder; IQ2_S: no encoder at all yet
 
 
 def differing_blocks(ours: np.ndarray, ref: np.ndarray, type_size: int) -> np.ndarray:
@@ -41,9 +41,10 @@ def test_without_weights_it_is_ggml_s_chunk_quantizer(name):
     np.testing.assert_array_equal(ggflow.quantize(ROWS, name), GOLDEN[f"{name}.chunk"])
 
 
-def test_iq2_xxs_needs_the_weights():
-    with pytest.raises(QuantizationError, match="IQ2_XXS needs importance weights"):
-        ggflow.quantize(ROWS[:1], "IQ2_XXS")
+@pytest.mark.parametrize("name", ("IQ2_XXS", "IQ2_XS"))
+def test_iq2_types_need_the_weights(name):
+    with pytest.raises(QuantizationError, match=f"{name} needs importance weights"):
+        ggflow.quantize(ROWS[:1], name)
 
 
 @pytest.mark.parametrize("name", WITH_CHUNK)

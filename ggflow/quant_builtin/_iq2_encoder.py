@@ -1,5 +1,6 @@
-"""IQ2_XXS encoder: ggml's quantize_iq2_xxs (quantize_row_iq2_xxs_impl), byte for byte. It needs importance
-weights, as in ggml (which asserts them; llama-quantize refuses the type without an imatrix).
+"""IQ2_XXS and IQ2_XS encoders: ggml's quantize_iq2_xxs / quantize_iq2_xs (quantize_row_iq2_*_impl), byte for
+byte. They need importance weights, as in ggml (which asserts them; llama-quantize refuses the types
+without an imatrix). IQ2_XXS below; IQ2_XS is described at its driver.
 
 Per 32-element group: signs split off with an even number of flips per 8 (an odd count flips the element
 of least weight * x^2 back), |x| fitted as scale * (2l + 1), l in 0..2, eight at a time on the 256-point
@@ -214,3 +215,132 @@ def quantize_iq2_xxs(blocks, qw, grid, kmap, neighbours, out):
         for j in range(16):
             for b in range(4):
                 y[2 + 4 * j + b] = (q2[j] >> (8 * b)) & 0xFF
+
+
+@njit(cache=True, fastmath=False)
+def quantize_iq2_xs(blocks, qw, grid, kmap, neighbours, out):
+    """quantize_row_iq2_xs_impl: per 16 elements (two groups of eight on the 512-point grid) a scale; out (n, 74):
+    d, 32 u16 (9-bit grid index | 7 sign bits << 9), 8 bytes of two 4-bit scales. 19 trial scales from max/5,
+    then the off-grid groups refitted once."""
+    kmax = 3
+    weight, xval, waux = np.empty(16, np.float32), np.empty(16, np.float32), np.empty(16, np.float32)
+    L, Laux = np.zeros(16, np.int64), np.zeros(16, np.int64)
+    on_grid, on_grid_aux = np.zeros(2, np.bool_), np.zeros(2, np.bool_)
+    block_signs = np.zeros(4, np.int64)
+    scales = np.zeros(16, np.float32)
+    q2 = np.zeros(32, np.int64)
+    for ibl in range(blocks.shape[0]):
+        x, y = blocks[ibl], out[ibl]
+        y[:] = 0
+        q2[:] = 0
+        max_scale = f32(0.0)
+        sumx2 = f32(0.0)
+        for i in range(256):
+            sumx2 += x[i] * x[i]
+        sigma2 = sumx2 / f32(256.0)
+        for ib in range(16):
+            xb = x[16 * ib:16 * ib + 16]
+            for i in range(16):
+                weight[i] = qw[ibl, 16 * ib + i] * np.sqrt(sigma2 + xb[i] * xb[i])
+            for i in range(16):
+                waux[i] = np.sqrt(weight[i])
+            for k in range(2):
+                nflip = 0
+                s = 0
+                for i in range(8):
+                    if xb[8 * k + i] >= 0:
+                        xval[8 * k + i] = xb[8 * k + i]
+                    else:
+                        xval[8 * k + i] = -xb[8 * k + i]
+                        nflip += 1
+                        s |= 1 << i
+                if nflip % 2:
+                    imin = 0
+                    vmin = weight[8 * k] * xb[8 * k] * xb[8 * k]
+                    for i in range(1, 8):
+                        ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
+                        if ax < vmin:
+                            vmin = ax
+                            imin = i
+                    xval[8 * k + imin] = -xval[8 * k + imin]
+                    s ^= 1 << imin
+                block_signs[k] = s & 127
+            vmax = xval[0]
+            for i in range(1, 16):
+                vmax = max(vmax, xval[i])
+            L[:] = 0
+            if vmax < GROUP_MAX_EPS:
+                scales[ib] = 0
+                continue
+            best = f32(0.0)
+            scale = vmax / f32(2 * kmax - 1)
+            on_grid[:] = True
+            for step in range(-9, 10):
+                id_ = (f32(2 * kmax - 1) + f32(step) * f32(0.1)) / vmax
+                this_scale = f32(1.0) / id_
+                for k in range(2):
+                    u = _lattice8(xval, id_, k, kmax)
+                    for i in range(8):
+                        Laux[8 * k + i] = (u >> (2 * i)) & 3
+                    on_grid_aux[k] = True
+                    if kmap[u] < 0:
+                        on_grid_aux[k] = False
+                        _best_neighbour(neighbours, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
+                                        this_scale, Laux[8 * k:8 * k + 8])
+                sumqx = f32(0.0)
+                sumq2 = f32(0.0)
+                for i in range(16):
+                    w = weight[i]
+                    q = f32(2 * Laux[i] + 1)
+                    sumqx += w * xval[i] * q
+                    sumq2 += w * q * q
+                if sumq2 > 0 and sumqx * sumqx > best * sumq2:
+                    scale = sumqx / sumq2
+                    best = scale * sumqx
+                    L[:] = Laux
+                    on_grid[:] = on_grid_aux
+            if (not on_grid[0] or not on_grid[1]) and scale > 0:
+                id_ = f32(1.0) / scale
+                for k in range(2):
+                    if on_grid[k]:
+                        continue
+                    u = _lattice8(xval, id_, k, kmax)
+                    for i in range(8):
+                        L[8 * k + i] = (u >> (2 * i)) & 3
+                    if kmap[u] < 0:
+                        _best_neighbour(neighbours, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
+                                        scale, L[8 * k:8 * k + 8])
+                sumqx = f32(0.0)
+                sumq2 = f32(0.0)
+                for i in range(16):
+                    w = weight[i]
+                    q = f32(2 * L[i] + 1)
+                    sumqx += w * xval[i] * q
+                    sumq2 += w * q * q
+                if sumq2 > 0:
+                    scale = sumqx / sumq2
+            if scale < 0:
+                scale = -scale
+                for k in range(2):
+                    block_signs[k] = (~block_signs[k]) & 127
+            for k in range(2):
+                u = 0
+                for i in range(8):
+                    u |= L[8 * k + i] << (2 * i)
+                q2[2 * ib + k] = kmap[u] | (block_signs[k] << 9)
+            scales[ib] = scale
+            max_scale = max(max_scale, scale)
+        if max_scale == 0:
+            continue
+        d = max_scale / f32(31.0)
+        round_to_fp16(y, 0, d)
+        id_ = f32(1.0) / d
+        for ib in range(16):
+            l = max(0, min(15, nearest_int(f32(0.5) * (id_ * scales[ib] - f32(1.0)))))
+            if ib % 2 == 0:
+                y[66 + ib // 2] = l
+            else:
+                y[66 + ib // 2] |= l << 4
+        for j in range(32):
+            y[2 + 2 * j] = q2[j] & 0xFF
+            y[3 + 2 * j] = (q2[j] >> 8) & 0xFF

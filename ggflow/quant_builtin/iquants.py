@@ -7,8 +7,8 @@ levels). Every index is masked to its table's size by the layout itself, so no b
 outside a table. Decoders are vectorized numpy over all blocks; the same float32 products in C's
 order, a sign applied as a multiplication by +-1 as C does. IQ4_NL and IQ4_XS also encode
 (``_iq4_encoders``, ggml's quantize_row_iq4_*_ref), and so do IQ3_S and IQ3_XXS (``_iq3s_encoder``) and, given importance weights (which ggml
-requires for it), IQ2_XXS (``_iq2_encoder``); IQ1_S, IQ1_M, IQ2_XS and IQ2_S have no ``from_float``
-here yet. Layouts: docs/quantization.md ("I-quants").
+requires for them), IQ2_XXS and IQ2_XS (``_iq2_encoder``); IQ1_S, IQ1_M and IQ2_S have no
+``from_float`` here yet. Layouts: docs/quantization.md ("I-quants").
 """
 from __future__ import annotations
 
@@ -228,7 +228,7 @@ def _encoder(name: str) -> Callable[[np.ndarray], np.ndarray]:
 
 
 IQ2_XXS = _traits("IQ2_XXS", 16, QK_K, 66, dequantize_iq2_xxs, "Q8_K", _iq2_encoder("IQ2_XXS", 256, 66))
-IQ2_XS = _traits("IQ2_XS", 17, QK_K, 74, dequantize_iq2_xs, "Q8_K")
+IQ2_XS = _traits("IQ2_XS", 17, QK_K, 74, dequantize_iq2_xs, "Q8_K", _iq2_encoder("IQ2_XS", 512, 74))
 IQ3_XXS = _traits("IQ3_XXS", 18, QK_K, 98, dequantize_iq3_xxs, "Q8_K", _iq3_encoder("IQ3_XXS", 256, 98))
 IQ1_S = _traits("IQ1_S", 19, QK_K, 50, dequantize_iq1_s, "Q8_K")
 IQ4_NL = _traits("IQ4_NL", 20, 32, 18, dequantize_iq4_nl, "Q8_0", _encoder("IQ4_NL"))
