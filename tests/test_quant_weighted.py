@@ -18,9 +18,9 @@ from tests.data_dir import DATA
 
 GOLDEN = np.load(DATA / "quant_kq_imatrix_ggml_seed1.npz")
 ROWS = np.load(DATA / "golden" / "quant_ggml_seed1.npz")["input"]
-WITH_CHUNK = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ3_S", "IQ3_XXS")
+WITH_CHUNK = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ3_S", "IQ3_XXS", "IQ2_S")
 WEIGHTED = WITH_CHUNK + ("IQ2_XXS", "IQ2_XS")   # ggml requires the weights for these two (no .chunk data)
-NOT_YET = ("Q8_K", "IQ2_S")   # Q8_K: no weighted ggml encoder; IQ2_S: no encoder at all yet
+NOT_YET = ("Q8_K", "IQ1_S")   # Q8_K: no weighted ggml encoder; IQ1_S: no encoder at all yet
 
 
 def differing_blocks(ours: np.ndarray, ref: np.ndarray, type_size: int) -> np.ndarray:

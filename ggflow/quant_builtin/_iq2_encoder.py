@@ -1,6 +1,7 @@
-"""IQ2_XXS and IQ2_XS encoders: ggml's quantize_iq2_xxs / quantize_iq2_xs (quantize_row_iq2_*_impl), byte for
-byte. They need importance weights, as in ggml (which asserts them; llama-quantize refuses the types
-without an imatrix). IQ2_XXS below; IQ2_XS is described at its driver.
+"""IQ2_XXS, IQ2_XS and IQ2_S encoders: ggml's quantize_iq2_xxs / _xs / _s (quantize_row_iq2_*_impl), byte
+for byte. IQ2_XXS and IQ2_XS need importance weights, as in ggml (which asserts them; llama-quantize
+refuses the types without an imatrix); IQ2_S takes them optionally. IQ2_XXS below; IQ2_XS and IQ2_S are
+described at their shared body, ``_iq2_16``.
 
 Per 32-element group: signs split off with an even number of flips per 8 (an odd count flips the element
 of least weight * x^2 back), |x| fitted as scale * (2l + 1), l in 0..2, eight at a time on the 256-point
@@ -218,10 +219,13 @@ def quantize_iq2_xxs(blocks, qw, grid, kmap, neighbours, out):
 
 
 @njit(cache=True, fastmath=False)
-def quantize_iq2_xs(blocks, qw, grid, kmap, neighbours, out):
-    """quantize_row_iq2_xs_impl: per 16 elements (two groups of eight on the 512-point grid) a scale; out (n, 74):
-    d, 32 u16 (9-bit grid index | 7 sign bits << 9), 8 bytes of two 4-bit scales. 19 trial scales from max/5,
-    then the off-grid groups refitted once."""
+def _iq2_16(blocks, qw, has_qw, grid, kmap, neighbours, out, is_s):
+    """quantize_row_iq2_xs_impl (is_s False) and quantize_row_iq2_s_impl (True): per 16 elements (two groups of
+    eight on the grid) a scale; 19 trial scales from max/5, then the off-grid groups refitted once.
+    IQ2_XS out (n, 74): d, 32 u16 (9-bit grid index | 7 sign bits << 9), 8 bytes of two 4-bit scales; signs
+    with an even number of flips. IQ2_S out (n, 82): d, 32 grid low bytes, 32 sign bytes (all 8 bits), 8 qh
+    bytes (2 high index bits each), 8 scale bytes; sigma2 doubled, d * 0.9875, weights without an imatrix
+    sigma2/4 + x^2."""
     kmax = 3
     weight, xval, waux = np.empty(16, np.float32), np.empty(16, np.float32), np.empty(16, np.float32)
     L, Laux = np.zeros(16, np.int64), np.zeros(16, np.int64)
@@ -237,11 +241,14 @@ def quantize_iq2_xs(blocks, qw, grid, kmap, neighbours, out):
         sumx2 = f32(0.0)
         for i in range(256):
             sumx2 += x[i] * x[i]
-        sigma2 = sumx2 / f32(256.0)
+        sigma2 = (f32(2.0) * sumx2 if is_s else sumx2) / f32(256.0)
         for ib in range(16):
             xb = x[16 * ib:16 * ib + 16]
             for i in range(16):
-                weight[i] = qw[ibl, 16 * ib + i] * np.sqrt(sigma2 + xb[i] * xb[i])
+                if has_qw:
+                    weight[i] = qw[ibl, 16 * ib + i] * np.sqrt(sigma2 + xb[i] * xb[i])
+                else:
+                    weight[i] = f32(0.25) * sigma2 + xb[i] * xb[i]
             for i in range(16):
                 waux[i] = np.sqrt(weight[i])
             for k in range(2):
@@ -254,7 +261,7 @@ def quantize_iq2_xs(blocks, qw, grid, kmap, neighbours, out):
                         xval[8 * k + i] = -xb[8 * k + i]
                         nflip += 1
                         s |= 1 << i
-                if nflip % 2:
+                if nflip % 2 and not is_s:
                     imin = 0
                     vmin = weight[8 * k] * xb[8 * k] * xb[8 * k]
                     for i in range(1, 8):
@@ -264,12 +271,12 @@ def quantize_iq2_xs(blocks, qw, grid, kmap, neighbours, out):
                             imin = i
                     xval[8 * k + imin] = -xval[8 * k + imin]
                     s ^= 1 << imin
-                block_signs[k] = s & 127
+                block_signs[k] = s if is_s else s & 127
             vmax = xval[0]
             for i in range(1, 16):
                 vmax = max(vmax, xval[i])
             L[:] = 0
-            if vmax < GROUP_MAX_EPS:
+            if vmax < (f32(1e-8) if is_s else GROUP_MAX_EPS):
                 scales[ib] = 0
                 continue
             best = f32(0.0)
@@ -322,25 +329,43 @@ def quantize_iq2_xs(blocks, qw, grid, kmap, neighbours, out):
             if scale < 0:
                 scale = -scale
                 for k in range(2):
-                    block_signs[k] = (~block_signs[k]) & 127
+                    block_signs[k] = (~block_signs[k]) & (255 if is_s else 127)
             for k in range(2):
                 u = 0
                 for i in range(8):
                     u |= L[8 * k + i] << (2 * i)
-                q2[2 * ib + k] = kmap[u] | (block_signs[k] << 9)
+                if is_s:
+                    i8 = 2 * ib + k
+                    y[2 + i8] = kmap[u] & 255
+                    y[66 + i8 // 4] |= (kmap[u] >> 8) << (2 * (i8 % 4))
+                    y[34 + i8] = block_signs[k]
+                else:
+                    q2[2 * ib + k] = kmap[u] | (block_signs[k] << 9)
             scales[ib] = scale
             max_scale = max(max_scale, scale)
         if max_scale == 0:
             continue
         d = max_scale / f32(31.0)
-        round_to_fp16(y, 0, d)
+        round_to_fp16(y, 0, d * f32(0.9875) if is_s else d)
         id_ = f32(1.0) / d
+        at = 74 if is_s else 66
         for ib in range(16):
             l = max(0, min(15, nearest_int(f32(0.5) * (id_ * scales[ib] - f32(1.0)))))
             if ib % 2 == 0:
-                y[66 + ib // 2] = l
+                y[at + ib // 2] = l
             else:
-                y[66 + ib // 2] |= l << 4
-        for j in range(32):
-            y[2 + 2 * j] = q2[j] & 0xFF
-            y[3 + 2 * j] = (q2[j] >> 8) & 0xFF
+                y[at + ib // 2] |= l << 4
+        if not is_s:
+            for j in range(32):
+                y[2 + 2 * j] = q2[j] & 0xFF
+                y[3 + 2 * j] = (q2[j] >> 8) & 0xFF
+
+
+@njit(cache=True, fastmath=False)
+def quantize_iq2_xs(blocks, qw, grid, kmap, neighbours, out):
+    _iq2_16(blocks, qw, True, grid, kmap, neighbours, out, False)
+
+
+@njit(cache=True, fastmath=False)
+def quantize_iq2_s(blocks, qw, has_qw, grid, kmap, neighbours, out):
+    _iq2_16(blocks, qw, has_qw, grid, kmap, neighbours, out, True)

@@ -7,8 +7,8 @@ levels). Every index is masked to its table's size by the layout itself, so no b
 outside a table. Decoders are vectorized numpy over all blocks; the same float32 products in C's
 order, a sign applied as a multiplication by +-1 as C does. IQ4_NL and IQ4_XS also encode
 (``_iq4_encoders``, ggml's quantize_row_iq4_*_ref), and so do IQ3_S and IQ3_XXS (``_iq3s_encoder``) and, given importance weights (which ggml
-requires for them), IQ2_XXS and IQ2_XS (``_iq2_encoder``); IQ1_S, IQ1_M and IQ2_S have no
-``from_float`` here yet. Layouts: docs/quantization.md ("I-quants").
+requires for them), IQ2_XXS and IQ2_XS, and IQ2_S with or without (``_iq2_encoder``); IQ1_S and
+IQ1_M have no ``from_float`` here yet. Layouts: docs/quantization.md ("I-quants").
 """
 from __future__ import annotations
 
@@ -175,11 +175,14 @@ def _traits(name: str, type_id: int, block_size: int, type_size: int, decode, ve
                       vec_dot_type=vec_dot_type)
 
 
-def _iq3_encoder(name: str, grid_size: int, type_size: int) -> Callable[..., np.ndarray]:
-    """ggml's quantize_iq3_s / quantize_iq3_xxs (with quant_weights: the imatrix path), byte for byte."""
+def _iq3_encoder(name: str, grid_size: int, type_size: int, module: str = "_iq3s_encoder") -> Callable[..., np.ndarray]:
+    """ggml's quantize_iq3_s / quantize_iq3_xxs / quantize_iq2_s (with quant_weights: the imatrix path),
+    byte for byte: the encoders whose weights are optional."""
     def from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
+        import importlib
+
         from ggflow.errors import QuantizationError
-        from ggflow.quant_builtin import _iq3s_encoder as enc   # numba compiles on first use, not at plugin load
+        enc = importlib.import_module(f"ggflow.quant_builtin.{module}")   # numba compiles on first use
         from ggflow.quant_builtin._blocks import check_float_blocks, require_finite
         blocks = check_float_blocks(blocks, name, QK_K)
         require_finite(blocks, name)
@@ -233,7 +236,7 @@ IQ3_XXS = _traits("IQ3_XXS", 18, QK_K, 98, dequantize_iq3_xxs, "Q8_K", _iq3_enco
 IQ1_S = _traits("IQ1_S", 19, QK_K, 50, dequantize_iq1_s, "Q8_K")
 IQ4_NL = _traits("IQ4_NL", 20, 32, 18, dequantize_iq4_nl, "Q8_0", _encoder("IQ4_NL"))
 IQ3_S = _traits("IQ3_S", 21, QK_K, 110, dequantize_iq3_s, "Q8_K", _iq3_encoder("IQ3_S", 512, 110))
-IQ2_S = _traits("IQ2_S", 22, QK_K, 82, dequantize_iq2_s, "Q8_K")
+IQ2_S = _traits("IQ2_S", 22, QK_K, 82, dequantize_iq2_s, "Q8_K", _iq3_encoder("IQ2_S", 1024, 82, "_iq2_encoder"))
 IQ4_XS = _traits("IQ4_XS", 23, QK_K, 136, dequantize_iq4_xs, "Q8_K", _encoder("IQ4_XS"))
 IQ1_M = _traits("IQ1_M", 29, QK_K, 56, dequantize_iq1_m, "Q8_K")
 I_QUANTS = (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, IQ1_M)
