@@ -209,3 +209,17 @@ def test_the_iq3_xs_mix_needs_and_uses_the_imatrix(qwen3, tmp_path):
     quantize_model(out, own, "F32", progress=False)
     y = logits(out)
     assert rel_rms(y, logits(own)) < 0.05 and rel_rms(y, logits(model)) < 0.9
+
+
+@pytest.mark.parametrize("mix", ["IQ2_M", "IQ3_XXS"])
+def test_more_low_bit_mixes_run_with_an_imatrix(qwen3, tmp_path, mix):
+    """IQ2_M (IQ2_S, IQ3_S token embeddings) and IQ3_XXS (IQ2_S attn_q/k): written with the imatrix, and the
+    model runs within 5% of its own weights in F32 (the K-quant tensors' Q8_K activations, as above)."""
+    from tests.test_quant_iq_e2e import logits, rel_rms
+    model, imatrix = qwen3
+    out = tmp_path / f"{mix}.gguf"
+    report = quantize_model(model, out, mix, progress=False, imatrix=imatrix)
+    assert "IQ2_S" in report.type_counts
+    own = tmp_path / "own.gguf"
+    quantize_model(out, own, "F32", progress=False)
+    assert rel_rms(logits(out), logits(own)) < 0.05
