@@ -123,7 +123,7 @@ def _signs(xb, weight, xval, block_signs):
         block_signs[k] = s & 127
 
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True, fastmath=False, nogil=True)
 def quantize_iq2_xxs(blocks, qw, grid, kmap, neighbours, out):
     """blocks and qw (n, 256) f32, out (n, 66) uint8: d, then per group u32 (4 grid bytes), u32 (4 x 7 sign
     bits, 4-bit scale)."""
@@ -361,11 +361,11 @@ def _iq2_16(blocks, qw, has_qw, grid, kmap, neighbours, out, is_s):
                 y[3 + 2 * j] = (q2[j] >> 8) & 0xFF
 
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True, fastmath=False, nogil=True)
 def quantize_iq2_xs(blocks, qw, grid, kmap, neighbours, out):
     _iq2_16(blocks, qw, True, grid, kmap, neighbours, out, False)
 
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True, fastmath=False, nogil=True)
 def quantize_iq2_s(blocks, qw, has_qw, grid, kmap, neighbours, out):
     _iq2_16(blocks, qw, has_qw, grid, kmap, neighbours, out, True)

@@ -91,7 +91,7 @@ def _lattice(xval, id_, k):
     return u
 
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True, fastmath=False, nogil=True)
 def quantize_iq3_s(blocks, qw, has_qw, grid, kmap, neighbours, out):
     """blocks (n, 256) f32, qw the same shape (read if has_qw), out (n, 110) uint8."""
     weight, xval, waux = np.empty(32, np.float32), np.empty(32, np.float32), np.empty(32, np.float32)
@@ -197,7 +197,7 @@ def quantize_iq3_s(blocks, qw, has_qw, grid, kmap, neighbours, out):
             y[106 + ib // 2] = l1 | (l2 << 4)
 
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True, fastmath=False, nogil=True)
 def quantize_iq3_xxs(blocks, qw, has_qw, grid, kmap, neighbours, out):
     """quantize_row_iq3_xxs_impl(256, ...): blocks (n, 256) f32, qw the same shape (read if has_qw), out (n, 98)
     uint8: d, 64 grid indices, 8 u32 of 4 x 7-bit sign indices + 4-bit scale. As IQ3_S but: an even number of

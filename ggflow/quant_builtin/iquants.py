@@ -19,7 +19,7 @@ import numpy as np
 from ggflow.core.types import TypeTraits
 from ggflow.plugins.hookspecs import hookimpl
 from ggflow.quant_builtin import _iq_grids as tables
-from ggflow.quant_builtin._blocks import byte_block_decoder, fp16_to_fp32
+from ggflow.quant_builtin._blocks import byte_block_decoder, fp16_to_fp32, run_in_threads
 
 QK_K = 256
 IQ1S_DELTA = np.float32(0.125)
@@ -194,7 +194,8 @@ def _iq3_encoder(name: str, grid_size: int, type_size: int, module: str = "_iq3s
                 raise QuantizationError(f"{name}: importance weights of shape {qw.shape} for blocks of shape "
                                         f"{blocks.shape}")
         out = np.zeros((blocks.shape[0], type_size), np.uint8)
-        getattr(enc, f"quantize_{name.lower()}")(blocks, qw, has_qw, *enc.tables(grid_size), out)
+        kernel = getattr(enc, f"quantize_{name.lower()}")
+        run_in_threads(lambda b, w, *rest: kernel(b, w, has_qw, *rest), blocks, qw, out, *enc.tables(grid_size))
         return out
     from_float.__name__ = f"quantize_{name.lower()}"
     return from_float
@@ -216,7 +217,7 @@ def _iq2_encoder(name: str, grid_size: int, type_size: int) -> Callable[..., np.
             raise QuantizationError(f"{name}: importance weights of shape {qw.shape} for blocks of shape "
                                     f"{blocks.shape}")
         out = np.zeros((blocks.shape[0], type_size), np.uint8)
-        getattr(enc, f"quantize_{name.lower()}")(blocks, qw, *enc.tables(grid_size), out)
+        run_in_threads(getattr(enc, f"quantize_{name.lower()}"), blocks, qw, out, *enc.tables(grid_size))
         return out
     from_float.__name__ = f"quantize_{name.lower()}"
     return from_float
