@@ -19,8 +19,8 @@ from tests.data_dir import DATA
 GOLDEN = np.load(DATA / "quant_kq_imatrix_ggml_seed1.npz")
 ROWS = np.load(DATA / "golden" / "quant_ggml_seed1.npz")["input"]
 WITH_CHUNK = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ3_S", "IQ3_XXS", "IQ2_S")
-WEIGHTED = WITH_CHUNK + ("IQ2_XXS", "IQ2_XS")   # ggml requires the weights for these two (no .chunk data)
-NOT_YET = ("Q8_K", "IQ1_S")   # Q8_K: no weighted ggml encoder; IQ1_S: no encoder at all yet
+WEIGHTED = WITH_CHUNK + ("IQ2_XXS", "IQ2_XS", "IQ1_S")   # ggml requires the weights for these (no .chunk data)
+NOT_YET = ("Q8_K", "IQ1_M")   # Q8_K: no weighted ggml encoder; IQ1_M: no encoder at all yet
 
 
 def differing_blocks(ours: np.ndarray, ref: np.ndarray, type_size: int) -> np.ndarray:
@@ -41,7 +41,7 @@ def test_without_weights_it_is_ggml_s_chunk_quantizer(name):
     np.testing.assert_array_equal(ggflow.quantize(ROWS, name), GOLDEN[f"{name}.chunk"])
 
 
-@pytest.mark.parametrize("name", ("IQ2_XXS", "IQ2_XS"))
+@pytest.mark.parametrize("name", ("IQ2_XXS", "IQ2_XS", "IQ1_S"))
 def test_iq2_types_need_the_weights(name):
     with pytest.raises(QuantizationError, match=f"{name} needs importance weights"):
         ggflow.quantize(ROWS[:1], name)

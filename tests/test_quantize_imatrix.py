@@ -87,7 +87,7 @@ def test_the_mixes_rules_see_the_imatrix(tmp_path, monkeypatch):
 
 def test_low_bit_mixes_pass_the_refusal_with_an_imatrix(qwen3, tmp_path):
     """IQ2_XXS: refused without an imatrix; with one it is written (each IQ2_XXS tensor with its weights) and
-    runs within 5% of its own weights in F32. IQ1_S passes the refusal too, and stops at its missing encoder."""
+    runs within 5% of its own weights in F32. IQ1_M passes the refusal too, and stops at its missing encoder."""
     from tests.test_quant_iq_e2e import logits, rel_rms
     model, imatrix = qwen3
     with pytest.raises(QuantizationError, match="requires an importance matrix"):
@@ -103,7 +103,7 @@ def test_low_bit_mixes_pass_the_refusal_with_an_imatrix(qwen3, tmp_path):
     quantize_model(out, own, "F32", progress=False)
     assert rel_rms(logits(out), logits(own)) < 0.05
     with pytest.raises(QuantizationError, match="can read but not write yet"):
-        quantize_model(model, tmp_path / "x.gguf", "IQ1_S", progress=False, imatrix=imatrix)
+        quantize_model(model, tmp_path / "x.gguf", "IQ1_M", progress=False, imatrix=imatrix)
 
 
 def test_an_imatrix_for_another_model_is_refused_naming_the_first_mismatch(qwen3, tmp_path):
@@ -211,15 +211,15 @@ def test_the_iq3_xs_mix_needs_and_uses_the_imatrix(qwen3, tmp_path):
     assert rel_rms(y, logits(own)) < 0.05 and rel_rms(y, logits(model)) < 0.9
 
 
-@pytest.mark.parametrize("mix", ["IQ2_M", "IQ3_XXS"])
+@pytest.mark.parametrize("mix", ["IQ2_M", "IQ3_XXS", "IQ1_S"])
 def test_more_low_bit_mixes_run_with_an_imatrix(qwen3, tmp_path, mix):
-    """IQ2_M (IQ2_S, IQ3_S token embeddings) and IQ3_XXS (IQ2_S attn_q/k): written with the imatrix, and the
+    """IQ2_M (IQ2_S, IQ3_S token embeddings), IQ3_XXS (IQ2_S attn_q/k) and IQ1_S: written with the imatrix, and the
     model runs within 5% of its own weights in F32 (the K-quant tensors' Q8_K activations, as above)."""
     from tests.test_quant_iq_e2e import logits, rel_rms
     model, imatrix = qwen3
     out = tmp_path / f"{mix}.gguf"
     report = quantize_model(model, out, mix, progress=False, imatrix=imatrix)
-    assert "IQ2_S" in report.type_counts
+    assert ("IQ1_S" if mix == "IQ1_S" else "IQ2_S") in report.type_counts
     own = tmp_path / "own.gguf"
     quantize_model(out, own, "F32", progress=False)
     assert rel_rms(logits(out), logits(own)) < 0.05

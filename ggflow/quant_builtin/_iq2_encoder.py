@@ -18,15 +18,15 @@ from itertools import product
 import numpy as np
 from numba import njit
 
-from ggflow.quant_builtin._iq_grids import IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID
+from ggflow.quant_builtin._iq_grids import IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID
 from ggflow.quant_builtin._kquant_encoders import GROUP_MAX_EPS, nearest_int, round_to_fp16
 from ggflow.quant_builtin._kquant_weighted import make_qp_quants
 
 f32 = np.float32
-_GRIDS = {256: (IQ2XXS_GRID, 2), 512: (IQ2XS_GRID, 2), 1024: (IQ2S_GRID, 1)}
+_GRIDS = {256: (IQ2XXS_GRID, 2), 512: (IQ2XS_GRID, 2), 1024: (IQ2S_GRID, 1), 2048: (IQ1S_GRID, 3)}
 
 
-@lru_cache(maxsize=3)
+@lru_cache(maxsize=4)
 def tables(grid_size: int = 256) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(grid (grid_size, 8) int8 levels 2l+1, kmap (65536,) int32, neighbours (m,) uint16), as
     iq2xs_init_impl builds them for the lattice points the encoder can ask for (each l in 0..2): kmap[u] is
