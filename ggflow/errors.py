@@ -33,6 +33,10 @@ class QuantizationError(GGFlowError, ValueError):
     """Data that cannot be quantized or dequantized as asked (e.g. a row not a multiple of the block)."""
 
 
+class ImatrixError(GGFlowError, ValueError):
+    """An importance-matrix file that can't be read, or one that doesn't fit the model it is used with."""
+
+
 class ModelLoadError(GGFlowError):
     """A GGUF file that is truncated, malformed, or describes a model ggflow cannot build."""
 

@@ -25,6 +25,7 @@ COMMANDS = (
     "ggflow.cli.info_cmd",
     "ggflow.cli.bench_cmd",
     "ggflow.cli.quantize_cmd",
+    "ggflow.cli.imatrix_cmd",
     "ggflow.cli.convert_cmd",
     "ggflow.cli.plugins_cmd",
     "ggflow.cli.warmup_cmd",

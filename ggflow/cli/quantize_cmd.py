@@ -15,7 +15,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "quantize", help="rewrite a GGUF model in another type (llama.cpp's quantization mixes)",
         description=f"Rewrite a GGUF model with each tensor in the type llama-quantize gives it for TYPE "
-                    f"(no importance matrix). Mixes: {mixes} (aliases {aliases}). TYPE may also be a tensor "
+                    f"(with --imatrix FILE, its importance weights). Mixes: {mixes} (aliases {aliases}). TYPE may also be a tensor "
                     "type with a quantizer, a plugin's too (`ggflow plugins` lists them): every quantizable "
                     "tensor then gets that type. Already-quantized tensors are decoded and requantized. "
                     "OUT is replaced only once it is complete.")
@@ -29,6 +29,9 @@ def add_parser(subparsers: Any) -> None:
                              "(repeatable; the first matching PATTERN wins; e.g. 'attn_v=Q8_0')")
     parser.add_argument("--output-tensor-type", metavar="TYPE", help="the tensor type of output.weight")
     parser.add_argument("--token-embedding-type", metavar="TYPE", help="the tensor type of token_embd.weight")
+    parser.add_argument("--imatrix", metavar="FILE",
+                        help="importance matrix (ggflow imatrix / llama-imatrix, GGUF or legacy .dat) for the "
+                             "quantizers that take one; the 1- and 2-bit i-quant types need it")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -39,6 +42,6 @@ def run(args: argparse.Namespace) -> int:
 
     report = quantize_model(args.input, args.output, args.type, pure=args.pure, progress=not args.quiet,
                             tensor_types=args.tensor_types, output_tensor_type=args.output_tensor_type,
-                            token_embedding_type=args.token_embedding_type)
+                            token_embedding_type=args.token_embedding_type, imatrix=args.imatrix)
     print(report.summary())
     return 0

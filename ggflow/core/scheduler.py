@@ -16,6 +16,9 @@ and what they cost are in docs/backends.md:
      weights (an F32 matmul library) gets the nodes it can run;
   5. the last backend (the CPU) takes what nothing else supports.
 ``Scheduler.why`` keeps each node's reason, ``Split.reason`` a split's, for ``ggflow run --verbose``.
+``Scheduler.observer`` (ggml's eval callback, as llama-imatrix uses it): the nodes it ``wants`` in a graph
+keep their sources' memory to the end of the compute, and after each compute it ``observe``s each of them
+with host copies of its sources.
 Consecutive nodes on one backend form a split. A split reads a tensor that lives elsewhere through a
 copy made at the split's start; the copy is what the split's kernels see (``substitutes``). A weight
 read on another backend is copied there once and the copy kept for every later graph (ggml copies it
@@ -25,7 +28,7 @@ graphs). ``stats`` counts the splits, the copies and their bytes.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -92,6 +95,16 @@ class SchedulerStats:
                 f"{self.weight_bytes_copied} bytes")
 
 
+class Observer(Protocol):
+    """Sees chosen nodes' inputs after each compute (ggml_backend_sched_eval_callback's two calls)."""
+
+    def wants(self, node: Tensor) -> bool:
+        """Asked once per node when a graph is allocated: observe this node after each compute?"""
+
+    def observe(self, node: Tensor, sources: list[np.ndarray]) -> None:
+        """After a compute: host copies of node.src[1:] (numpy order: ne reversed, 4 axes)."""
+
+
 class Scheduler:
     def __init__(self, backends: Sequence[Backend]):
         """backends in order of preference; the last one is the fallback that must support every op."""
@@ -110,6 +123,8 @@ class Scheduler:
         self._allocated: dict[Graph, tuple[list[Split], dict[int, Backend]]] = {}
         self.n_allocs = 0                           # times a graph was (re)allocated
         self.stats = SchedulerStats()
+        self.observer: Observer | None = None       # set before the graphs it should see are allocated
+        self._observed: dict[Graph, list[Tensor]] = {}
 
     # -- placement -------------------------------------------------------------------------------
     def _buffer_backend(self, t: Tensor) -> Backend:
@@ -279,6 +294,11 @@ class Scheduler:
     # -- memory ----------------------------------------------------------------------------------
     def alloc(self, graph: Graph) -> None:
         """Place, split and allocate a graph; prepare each split's plan. Call once per new graph."""
+        if self.observer is not None:   # their sources are read after the compute: keep them (never shared)
+            self._observed[graph] = [n for n in graph.nodes if self.observer.wants(n)]
+            for node in self._observed[graph]:
+                for src in node.src[1:]:
+                    src.flags |= TensorFlag.OUTPUT
         weights = self.weights(graph)
         home = self.assign(graph, weights)
         splits = self.split(graph, home, weights)
@@ -320,6 +340,7 @@ class Scheduler:
     def forget(self, graph: Graph) -> None:
         """Drop what use() keeps of a graph (its plans, its splits)."""
         self._allocated.pop(graph, None)
+        self._observed.pop(graph, None)
 
     def _count_graph(self, graph: Graph, splits: list[Split], home: dict[int, Backend]) -> None:
         stats = self.stats
@@ -348,6 +369,9 @@ class Scheduler:
             split.plan()  # type: ignore[misc]
         for backend in self.backends:
             backend.synchronize()
+        if self.observer is not None:
+            for node in self._observed.get(graph, ()):
+                self.observer.observe(node, [self.home[s.id].get_tensor(s) for s in node.src[1:]])
         self.stats.n_computes += 1
         self.stats.total_copies += self.stats.n_copies
         self.stats.total_bytes_copied += self.stats.bytes_copied

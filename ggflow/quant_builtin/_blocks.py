@@ -161,3 +161,29 @@ def byte_block_decoder(name: str, type_size: int, decode: Callable[[np.ndarray],
             return decode(blocks)
     to_float.__name__ = decode.__name__
     return to_float
+
+
+# -- block-parallel encoders -------------------------------------------------------------------
+MIN_BLOCKS_PER_TASK = 64
+
+
+def run_in_threads(kernel, blocks: np.ndarray, qw: np.ndarray, out: np.ndarray, *tables) -> None:
+    """kernel(blocks, qw, *tables, out) over contiguous ranges of blocks in threads (a numba kernel compiled
+    with nogil=True). Blocks are independent, so the split changes no byte. qw of one row (no importance
+    weights) goes to every range as is."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = blocks.shape[0]
+    n_tasks = max(1, min(os.cpu_count() or 1, n // MIN_BLOCKS_PER_TASK))
+    if n_tasks == 1:
+        kernel(blocks, qw, *tables, out)
+        return
+    bounds = [(t * n // n_tasks, (t + 1) * n // n_tasks) for t in range(n_tasks)]
+    per_row = qw.shape[0] == n
+
+    def task(lo_hi):
+        lo, hi = lo_hi
+        kernel(blocks[lo:hi], qw[lo:hi] if per_row else qw, *tables, out[lo:hi])
+    with ThreadPoolExecutor(n_tasks) as pool:
+        list(pool.map(task, bounds))

@@ -6,8 +6,9 @@ of a fixed table (``_iq_grids``: lattice points of 4 or 8 levels, sign patterns,
 levels). Every index is masked to its table's size by the layout itself, so no byte pattern reads
 outside a table. Decoders are vectorized numpy over all blocks; the same float32 products in C's
 order, a sign applied as a multiplication by +-1 as C does. IQ4_NL and IQ4_XS also encode
-(``_iq4_encoders``, ggml's quantize_row_iq4_*_ref); the others need an importance matrix in ggml and
-have no ``from_float`` here. Layouts: docs/quantization.md ("I-quants").
+(``_iq4_encoders``, ggml's quantize_row_iq4_*_ref), and so do IQ3_S and IQ3_XXS (``_iq3s_encoder``) and, given importance weights (which ggml
+requires for them), IQ2_XXS, IQ2_XS (``_iq2_encoder``) and IQ1_S (``_iq1_encoder``), and IQ2_S with or
+without; IQ1_M has no ``from_float`` here yet. Layouts: docs/quantization.md ("I-quants").
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 from ggflow.core.types import TypeTraits
 from ggflow.plugins.hookspecs import hookimpl
 from ggflow.quant_builtin import _iq_grids as tables
-from ggflow.quant_builtin._blocks import byte_block_decoder, fp16_to_fp32
+from ggflow.quant_builtin._blocks import byte_block_decoder, fp16_to_fp32, run_in_threads
 
 QK_K = 256
 IQ1S_DELTA = np.float32(0.125)
@@ -174,21 +175,72 @@ def _traits(name: str, type_id: int, block_size: int, type_size: int, decode, ve
                       vec_dot_type=vec_dot_type)
 
 
-def _encoder(name: str) -> Callable[[np.ndarray], np.ndarray]:
-    def from_float(blocks: np.ndarray) -> np.ndarray:
-        from ggflow.quant_builtin import _iq4_encoders  # numba compiles on first use, not at plugin load
-        return getattr(_iq4_encoders, f"quantize_{name.lower()}")(blocks)
+def _iq3_encoder(name: str, grid_size: int, type_size: int, module: str = "_iq3s_encoder") -> Callable[..., np.ndarray]:
+    """ggml's quantize_iq3_s / quantize_iq3_xxs / quantize_iq2_s (with quant_weights: the imatrix path),
+    byte for byte: the encoders whose weights are optional."""
+    def from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
+        import importlib
+
+        from ggflow.errors import QuantizationError
+        enc = importlib.import_module(f"ggflow.quant_builtin.{module}")   # numba compiles on first use
+        from ggflow.quant_builtin._blocks import check_float_blocks, require_finite
+        blocks = check_float_blocks(blocks, name, QK_K)
+        require_finite(blocks, name)
+        if quant_weights is None:
+            qw, has_qw = np.zeros((1, QK_K), np.float32), False
+        else:
+            qw, has_qw = np.ascontiguousarray(quant_weights, dtype=np.float32), True
+            if qw.shape != blocks.shape:
+                raise QuantizationError(f"{name}: importance weights of shape {qw.shape} for blocks of shape "
+                                        f"{blocks.shape}")
+        out = np.zeros((blocks.shape[0], type_size), np.uint8)
+        kernel = getattr(enc, f"quantize_{name.lower()}")
+        run_in_threads(lambda b, w, *rest: kernel(b, w, has_qw, *rest), blocks, qw, out, *enc.tables(grid_size))
+        return out
     from_float.__name__ = f"quantize_{name.lower()}"
     return from_float
 
 
-IQ2_XXS = _traits("IQ2_XXS", 16, QK_K, 66, dequantize_iq2_xxs, "Q8_K")
-IQ2_XS = _traits("IQ2_XS", 17, QK_K, 74, dequantize_iq2_xs, "Q8_K")
-IQ3_XXS = _traits("IQ3_XXS", 18, QK_K, 98, dequantize_iq3_xxs, "Q8_K")
-IQ1_S = _traits("IQ1_S", 19, QK_K, 50, dequantize_iq1_s, "Q8_K")
+def _iq2_encoder(name: str, grid_size: int, type_size: int, module: str = "_iq2_encoder") -> Callable[..., np.ndarray]:
+    """ggml's quantize_iq2_xxs / _xs, quantize_iq1_s, byte for byte; importance weights required, as in ggml."""
+    def from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
+        import importlib
+
+        from ggflow.errors import QuantizationError
+        from ggflow.quant_builtin import _iq2_encoder as tabs   # numba compiles on first use, not at plugin load
+        enc = importlib.import_module(f"ggflow.quant_builtin.{module}")
+        from ggflow.quant_builtin._blocks import check_float_blocks, require_finite
+        blocks = check_float_blocks(blocks, name, QK_K)
+        require_finite(blocks, name)
+        if quant_weights is None:
+            raise QuantizationError(f"{name} needs importance weights (ggml's quantizer requires them): give an "
+                                    "imatrix (ggflow quantize --imatrix FILE; ggflow imatrix computes one)")
+        qw = np.ascontiguousarray(quant_weights, dtype=np.float32)
+        if qw.shape != blocks.shape:
+            raise QuantizationError(f"{name}: importance weights of shape {qw.shape} for blocks of shape "
+                                    f"{blocks.shape}")
+        out = np.zeros((blocks.shape[0], type_size), np.uint8)
+        run_in_threads(getattr(enc, f"quantize_{name.lower()}"), blocks, qw, out, *tabs.tables(grid_size))
+        return out
+    from_float.__name__ = f"quantize_{name.lower()}"
+    return from_float
+
+
+def _encoder(name: str) -> Callable[[np.ndarray], np.ndarray]:
+    def from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
+        from ggflow.quant_builtin import _iq4_encoders  # numba compiles on first use, not at plugin load
+        return getattr(_iq4_encoders, f"quantize_{name.lower()}")(blocks, quant_weights)
+    from_float.__name__ = f"quantize_{name.lower()}"
+    return from_float
+
+
+IQ2_XXS = _traits("IQ2_XXS", 16, QK_K, 66, dequantize_iq2_xxs, "Q8_K", _iq2_encoder("IQ2_XXS", 256, 66))
+IQ2_XS = _traits("IQ2_XS", 17, QK_K, 74, dequantize_iq2_xs, "Q8_K", _iq2_encoder("IQ2_XS", 512, 74))
+IQ3_XXS = _traits("IQ3_XXS", 18, QK_K, 98, dequantize_iq3_xxs, "Q8_K", _iq3_encoder("IQ3_XXS", 256, 98))
+IQ1_S = _traits("IQ1_S", 19, QK_K, 50, dequantize_iq1_s, "Q8_K", _iq2_encoder("IQ1_S", 2048, 50, "_iq1_encoder"))
 IQ4_NL = _traits("IQ4_NL", 20, 32, 18, dequantize_iq4_nl, "Q8_0", _encoder("IQ4_NL"))
-IQ3_S = _traits("IQ3_S", 21, QK_K, 110, dequantize_iq3_s, "Q8_K")
-IQ2_S = _traits("IQ2_S", 22, QK_K, 82, dequantize_iq2_s, "Q8_K")
+IQ3_S = _traits("IQ3_S", 21, QK_K, 110, dequantize_iq3_s, "Q8_K", _iq3_encoder("IQ3_S", 512, 110))
+IQ2_S = _traits("IQ2_S", 22, QK_K, 82, dequantize_iq2_s, "Q8_K", _iq3_encoder("IQ2_S", 1024, 82, "_iq2_encoder"))
 IQ4_XS = _traits("IQ4_XS", 23, QK_K, 136, dequantize_iq4_xs, "Q8_K", _encoder("IQ4_XS"))
 IQ1_M = _traits("IQ1_M", 29, QK_K, 56, dequantize_iq1_m, "Q8_K")
 I_QUANTS = (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, IQ1_M)

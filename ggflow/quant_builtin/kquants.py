@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ggflow.core.types import TypeTraits
+from ggflow.errors import QuantizationError
 from ggflow.plugins.hookspecs import hookimpl
 from ggflow.quant_builtin._blocks import byte_block_decoder, check_float_blocks, fp16_to_fp32, require_finite
 
@@ -147,12 +148,35 @@ def _encoder(name: str, type_size: int) -> Callable[[np.ndarray], np.ndarray]:
     return from_float
 
 
+def _weighted_encoder(name: str, type_size: int) -> Callable[..., np.ndarray]:
+    """from_float that also takes importance weights (ggml's quantize_row_<type>_impl; _kquant_weighted)."""
+    plain = _encoder(name, type_size)
+
+    def from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
+        if quant_weights is None:
+            return plain(blocks)
+        blocks = check_float_blocks(blocks, name, QK_K)
+        require_finite(blocks, name)
+        qw = np.ascontiguousarray(quant_weights, dtype=np.float32)
+        if qw.shape != blocks.shape:
+            raise QuantizationError(f"{name}: importance weights of shape {qw.shape} for blocks of shape "
+                                    f"{blocks.shape}; they must match element for element")
+        out = np.zeros((blocks.shape[0], type_size), np.uint8)
+        from ggflow.quant_builtin import _kquant_weighted
+        getattr(_kquant_weighted, f"quantize_{name.lower()}_w")(blocks, qw, out)
+        return out
+    from_float.__name__ = f"quantize_{name.lower()}"
+    return from_float
+
+
+_WEIGHTED = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 def _traits(name: str, type_id: int, block_dtype: np.dtype, decode) -> TypeTraits:
     size = block_dtype.itemsize
     return TypeTraits(name=name, type_id=type_id, block_size=QK_K, type_size=size,
-                      to_float=byte_block_decoder(name, size, decode), from_float=_encoder(name, size),
+                      to_float=byte_block_decoder(name, size, decode),
+                      from_float=(_weighted_encoder if name in _WEIGHTED else _encoder)(name, size),
                       vec_dot_type="Q8_K", block_dtype=block_dtype)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ggflow.core.types import TypeTraits
+from ggflow.errors import QuantizationError
 from ggflow.plugins.hookspecs import hookimpl
 from ggflow.quant_builtin._blocks import (
     as_records, c_float_to_int8, c_float_to_uint8, check_byte_blocks, check_float_blocks,
@@ -178,7 +179,8 @@ def _q8_quants(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d, c_float_to_int8(round_half_away(_scaled(blocks, inv)))
 
 
-def q8_0_from_float(blocks: np.ndarray) -> np.ndarray:
+def q8_0_from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
+    """quant_weights: accepted and unused, as ggml's quantize_* ignores them for this type."""
     blocks = _prepare(blocks, "Q8_0")
     d, q = _q8_quants(blocks)
     rec = _new_records(len(blocks), Q8_0_BLOCK)
@@ -207,10 +209,39 @@ def q8_1_to_float(blocks: np.ndarray) -> np.ndarray:
     return _scale_values(rec["qs"], rec["d"])
 
 
-Q4_0 = TypeTraits("Q4_0", 2, QK, Q4_0_BLOCK.itemsize, q4_0_to_float, q4_0_from_float, "Q8_0", Q4_0_BLOCK)
-Q4_1 = TypeTraits("Q4_1", 3, QK, Q4_1_BLOCK.itemsize, q4_1_to_float, q4_1_from_float, "Q8_1", Q4_1_BLOCK)
-Q5_0 = TypeTraits("Q5_0", 6, QK, Q5_0_BLOCK.itemsize, q5_0_to_float, q5_0_from_float, "Q8_0", Q5_0_BLOCK)
-Q5_1 = TypeTraits("Q5_1", 7, QK, Q5_1_BLOCK.itemsize, q5_1_to_float, q5_1_from_float, "Q8_1", Q5_1_BLOCK)
+# -- with importance weights (ggml's quantize_row_q*_impl; _legacy_weighted) -----------------------
+def _weighted(name: str, plain, block_dtype: np.dtype):
+    """plain's from_float, or given quant_weights ((n_blocks, 32), as blocks) and n_per_row (the row length:
+    ggml weighs by the row's mean square), ggml's weighted encoder of that type."""
+    def from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None,
+                   n_per_row: int | None = None) -> np.ndarray:
+        if quant_weights is None:
+            return plain(blocks)
+        blocks = _prepare(blocks, name)
+        qw = np.ascontiguousarray(quant_weights, dtype=np.float32)
+        if qw.shape != blocks.shape:
+            raise QuantizationError(f"{name}: importance weights of shape {qw.shape} for blocks of shape "
+                                    f"{blocks.shape}; they must match element for element")
+        if n_per_row is None or n_per_row % QK or blocks.size % n_per_row:
+            raise QuantizationError(f"{name}: importance weights need the row length (n_per_row), a multiple "
+                                    f"of {QK} dividing the {blocks.size} elements, not {n_per_row}")
+        rows = blocks.reshape(-1, n_per_row)
+        out = np.zeros((rows.shape[0], n_per_row // QK * block_dtype.itemsize), np.uint8)
+        from ggflow.quant_builtin import _legacy_weighted   # numba compiles on first use
+        getattr(_legacy_weighted, f"quantize_{name.lower()}_w")(rows, qw.reshape(rows.shape), out)
+        return out.reshape(blocks.shape[0], block_dtype.itemsize)
+    from_float.__name__ = plain.__name__
+    return from_float
+
+
+Q4_0 = TypeTraits("Q4_0", 2, QK, Q4_0_BLOCK.itemsize, q4_0_to_float, _weighted("Q4_0", q4_0_from_float, Q4_0_BLOCK),
+                  "Q8_0", Q4_0_BLOCK)
+Q4_1 = TypeTraits("Q4_1", 3, QK, Q4_1_BLOCK.itemsize, q4_1_to_float, _weighted("Q4_1", q4_1_from_float, Q4_1_BLOCK),
+                  "Q8_1", Q4_1_BLOCK)
+Q5_0 = TypeTraits("Q5_0", 6, QK, Q5_0_BLOCK.itemsize, q5_0_to_float, _weighted("Q5_0", q5_0_from_float, Q5_0_BLOCK),
+                  "Q8_0", Q5_0_BLOCK)
+Q5_1 = TypeTraits("Q5_1", 7, QK, Q5_1_BLOCK.itemsize, q5_1_to_float, _weighted("Q5_1", q5_1_from_float, Q5_1_BLOCK),
+                  "Q8_1", Q5_1_BLOCK)
 Q8_0 = TypeTraits("Q8_0", 8, QK, Q8_0_BLOCK.itemsize, q8_0_to_float, q8_0_from_float, "Q8_0", Q8_0_BLOCK)
 Q8_1 = TypeTraits("Q8_1", 9, QK, Q8_1_BLOCK.itemsize, q8_1_to_float, q8_1_from_float, "Q8_1", Q8_1_BLOCK)
 

@@ -43,7 +43,8 @@ def mxfp4_to_float(blocks: np.ndarray) -> np.ndarray:
         return _LEVELS[unpack_nibbles(rec["qs"])] * d
 
 
-def mxfp4_from_float(blocks: np.ndarray) -> np.ndarray:
+def mxfp4_from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
+    """quant_weights: accepted and unused, as ggml's quantize_* ignores them for this type."""
     blocks = check_float_blocks(blocks, "MXFP4", QK)
     require_finite(blocks, "MXFP4")
     amax = np.abs(blocks).max(axis=1)

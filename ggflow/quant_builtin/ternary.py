@@ -45,7 +45,8 @@ def _scaled(trits: np.ndarray, d_bytes: np.ndarray) -> np.ndarray:
 
 
 # -- TQ2_0: qs[64] d:f16; byte 32h + m holds elements 128h + 32k + m at bits 2k ----------------------
-def tq2_0_from_float(blocks: np.ndarray) -> np.ndarray:
+def tq2_0_from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
+    """quant_weights: accepted and unused, as ggml's quantize_* ignores them for this type."""
     d, trits = _trits("TQ2_0", blocks)
     q = trits.reshape(-1, 2, 4, 32) << np.array([0, 2, 4, 6], np.uint8)[:, None]
     qs = (q[:, :, 0] | q[:, :, 1] | q[:, :, 2] | q[:, :, 3]).reshape(-1, 64)
@@ -70,7 +71,8 @@ def _pack5(trits: np.ndarray) -> np.ndarray:
     return ((value * 256 + 242) // 243).astype(np.uint8)
 
 
-def tq1_0_from_float(blocks: np.ndarray) -> np.ndarray:
+def tq1_0_from_float(blocks: np.ndarray, quant_weights: np.ndarray | None = None) -> np.ndarray:
+    """quant_weights: accepted and unused, as ggml's quantize_* ignores them for this type."""
     d, trits = _trits("TQ1_0", blocks)
     t = trits.astype(np.uint16)
     qs0 = _pack5(t[:, 0:160].reshape(-1, 5, 32))

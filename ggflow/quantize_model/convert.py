@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ggflow.core.quants import dequantize, quantize
+from ggflow.core.quants import dequantize, quantize, takes_importance
 from ggflow.core.types import TypeTraits
 from ggflow.errors import QuantizationError
 from ggflow.quantize_model.plan import Planned
@@ -48,20 +48,32 @@ class InputData:
             pass
 
 
-def convert_rows(p: Planned, src: np.ndarray, bar) -> np.ndarray:
-    """Decode the rows to float32 and encode them in the output type, a slab of rows at a time."""
+def uses_importance(p: Planned) -> bool:
+    """Whether the output type's encoder takes importance weights (a float type takes none)."""
+    return p.out_traits.is_quantized and takes_importance(p.out_traits)
+
+
+def convert_rows(p: Planned, src: np.ndarray, bar, importance: np.ndarray | None = None) -> np.ndarray:
+    """Decode the rows to float32 and encode them in the output type, a slab of rows at a time.
+    importance: (n_experts, n_cols) weights (rows of expert e are e * ne[1] ..), for an encoder taking them."""
     n_rows, ncols = src.shape[0], p.desc.ne[0]
     out = np.empty((n_rows, p.out_traits.row_bytes(ncols)), dtype=np.uint8)
     step = max(1, SLAB_FLOATS // max(ncols, 1))
-    for r0 in range(0, n_rows, step):
+    per_expert = p.desc.ne[1] if len(p.desc.ne) > 1 else 1
+    r0 = 0
+    while r0 < n_rows:
         r1 = min(n_rows, r0 + step)
+        if importance is not None:   # a slab never spans two experts' weights
+            r1 = min(r1, (r0 // per_expert + 1) * per_expert)
         try:
-            out[r0:r1] = quantize(dequantize(src[r0:r1], p.in_traits), p.out_traits)
+            qw = None if importance is None else importance[r0 // per_expert]
+            out[r0:r1] = quantize(dequantize(src[r0:r1], p.in_traits), p.out_traits, qw)
             _check_finite(out[r0:r1], p.out_traits)
         except QuantizationError as exc:
             raise QuantizationError(f"tensor {p.desc.name!r} ({p.desc.type_name} -> {p.choice.type_name}), "
                                     f"rows {r0}..{r1 - 1}: {exc}") from exc
         bar.update(src[r0:r1].nbytes)
+        r0 = r1
     return out
 
 

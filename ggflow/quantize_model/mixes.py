@@ -5,7 +5,7 @@ bits, the attention-V and FFN-down matrices of chosen layers get more bits, and 
 don't fit the type's block falls back to a type whose blocks do. The rules, names and file-type
 numbers are llama.cpp's (src/llama-quant.cpp: llama_tensor_get_type, tensor_type_fallback,
 tensor_allows_quantization; include/llama.h: llama_ftype), so for the same input and mix every
-tensor gets the type llama-quantize gives it (without an importance matrix; with the same overrides,
+tensor gets the type llama-quantize gives it (with or without an importance matrix; with the same overrides,
 except --tensor-type with a float mix, which llama-quantize ignores). The i-quant and ternary mixes
 (IQ1_S .. IQ4_XS, TQ1_0, TQ2_0) follow the same function; the 1- and 2-bit i-quant types need an
 importance matrix in llama.cpp (tensor_requires_imatrix), and a mix that would write one without it is
@@ -461,8 +461,8 @@ def _check_writable(t: TensorDesc, final: str, has_imatrix: bool) -> None:
         raise QuantizationError(
             f"this quantization requires an importance matrix (llama-quantize: 'this quantization requires an "
             f"imatrix!'): tensor {t.name!r} would be {final}, which llama.cpp writes only with importance "
-            f"weights, and ggflow cannot compute or read an imatrix yet; choose IQ4_XS, IQ4_NL, TQ1_0, TQ2_0 "
-            f"or a K-quant mix, or give the tensor another type with --tensor-type")
+            f"weights: give an importance matrix with --imatrix FILE (`ggflow imatrix` computes one), choose "
+            f"IQ4_XS, IQ4_NL, TQ1_0, TQ2_0 or a K-quant mix, or give the tensor another type with --tensor-type")
     if type_traits(final).from_float is None:
         raise QuantizationError(f"tensor {t.name!r} would be {final}, which ggflow can read but not write yet "
                                 f"(no quantizer for it); choose another mix or give the tensor a type with "

@@ -11,7 +11,8 @@ from pathlib import Path
 import gguf
 
 from ggflow.errors import GGFlowError
-from ggflow.quantize_model.convert import InputData, convert_rows
+from ggflow.quantize_model.convert import InputData, convert_rows, uses_importance
+from ggflow.quantize_model.importance import ImportanceWeights, load_imatrix
 from ggflow.quantize_model.mixes import Mix, find_mix
 from ggflow.quantize_model.overrides import TensorTypes, make_overrides
 from ggflow.quantize_model.plan import Planned, model_facts, open_input, plan
@@ -21,7 +22,8 @@ from ggflow.quantize_model.writer import GGUFOutput, metadata_entries
 
 def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftype: str, pure: bool = False,
                    progress: bool = True, *, tensor_types: TensorTypes | None = None,
-                   output_tensor_type: str | None = None, token_embedding_type: str | None = None) -> QuantizeReport:
+                   output_tensor_type: str | None = None, token_embedding_type: str | None = None,
+                   imatrix: str | os.PathLike | None = None) -> QuantizeReport:
     """Write in_path's model to out_path in the llama.cpp mix `ftype` ("Q4_K_M", "Q8_0", "F16", ...),
     or with every quantizable tensor in the tensor type `ftype` names (any registered type with a
     quantizer, a plugin's too: "Q6_K", "IQ4_NL", ...).
@@ -37,17 +39,21 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     start = time.perf_counter()
     mix = find_mix(ftype)
     overrides = make_overrides(tensor_types, output_tensor_type, token_embedding_type)
+    importance = ImportanceWeights(*load_imatrix(imatrix)) if imatrix is not None else None
     in_path, out_path = str(in_path), Path(out_path)
     src = open_input(in_path)
-    planned = plan(src, mix, model_facts(src), pure, overrides)
+    planned = plan(src, mix, model_facts(src), pure, overrides, has_imatrix=importance is not None)
+    if importance is not None:
+        importance.check(planned)
     _check_output_path(in_path, out_path)
-    report = QuantizeReport(in_path, str(out_path), mix.name, mix.ftype, pure, in_size=src.size)
+    report = QuantizeReport(in_path, str(out_path), mix.name, mix.ftype, pure, in_size=src.size,
+                            imatrix=importance.path if importance is not None else None)
     tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:12]}.tmp")
     out = GGUFOutput(str(tmp), src.alignment)  # opens no file until its header is written
     try:
-        out.write_header(metadata_entries(src, mix.ftype),
+        out.write_header(metadata_entries(src, mix.ftype, importance.metadata() if importance is not None else ()),
                          [(p.desc.name, p.desc.ne, _type_id(p), p.out_bytes) for p in planned])
-        report.tensors = _write_tensors(out, in_path, planned, mix, progress)
+        report.tensors = _write_tensors(out, in_path, planned, mix, progress, importance)
         out.close()
         _fsync(tmp)
         os.replace(tmp, out_path)
@@ -81,7 +87,7 @@ def _check_output_path(in_path: str, out_path: Path) -> None:
 
 
 def _write_tensors(out: GGUFOutput, in_path: str, planned: list[Planned], mix: Mix,
-                   progress: bool) -> list[TensorResult]:
+                   progress: bool, importance: ImportanceWeights | None = None) -> list[TensorResult]:
     from tqdm import tqdm
 
     results = []
@@ -91,24 +97,30 @@ def _write_tensors(out: GGUFOutput, in_path: str, planned: list[Planned], mix: M
         for p in planned:
             bar.set_postfix_str(p.desc.name, refresh=False)
             src = data.rows(p.offset, p.in_bytes, p.n_rows)
-            out.write_tensor_data(convert_rows(p, src, bar) if p.converts else src)
+            weights = None
+            if importance is not None and p.converts and uses_importance(p):
+                weights = importance.weights.get(p.desc.name)
+            out.write_tensor_data(convert_rows(p, src, bar, weights) if p.converts else src)
             if not p.converts:
                 bar.update(p.in_bytes)
             del src
             data.release(p.offset, p.in_bytes)
-            results.append(_result(p))
+            results.append(_result(p, importance))
     return results
 
 
-def _result(p: Planned) -> TensorResult:
+def _result(p: Planned, importance: ImportanceWeights | None = None) -> TensorResult:
     if not p.converts:
         action = "copied"
     elif p.in_traits.is_quantized:
         action = "requantized"
     else:
         action = "converted"
+    weighted = None   # with an imatrix: whether its weights reached the encoder
+    if importance is not None and p.converts and p.out_traits.is_quantized:
+        weighted = p.desc.name in importance.weights and uses_importance(p)
     return TensorResult(p.desc.name, p.desc.ne, p.desc.type_name, p.choice.type_name, action,
-                        p.choice.fallback_from, p.in_bytes, p.out_bytes)
+                        p.choice.fallback_from, p.in_bytes, p.out_bytes, weighted)
 
 
 def _fsync(path: Path) -> None:

@@ -79,13 +79,13 @@ def _first(value: Any) -> int:
 
 
 def plan(file: GGUFFile, mix: Mix, facts: ModelFacts, pure: bool,
-         overrides: TypeOverrides = NO_OVERRIDES) -> list[Planned]:
+         overrides: TypeOverrides = NO_OVERRIDES, has_imatrix: bool = False) -> list[Planned]:
     descs, spans = [], []
     for t in file.tensors:
         type_name = _type_name(file, t.name, t.type_id)
         descs.append(TensorDesc(t.name, t.ne, type_name))
         spans.append((t.offset, _n_bytes(file, t.name, t.ne, type_name)))
-    choices = choose_types(descs, mix, facts, pure, overrides)
+    choices = choose_types(descs, mix, facts, pure, overrides, has_imatrix)
     out = []
     for desc, (offset, n_bytes) in zip(descs, spans):
         choice = choices[desc.name]

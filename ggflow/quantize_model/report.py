@@ -17,6 +17,7 @@ class TensorResult:
     fallback_from: str | None  # the type the mix wanted, where the row length forced out_type instead
     in_bytes: int
     out_bytes: int
+    weighted: bool | None = None   # with an imatrix: quantized with its importance weights (None: no imatrix)
 
 
 @dataclass
@@ -30,6 +31,7 @@ class QuantizeReport:
     in_size: int = 0   # file sizes in bytes
     out_size: int = 0
     seconds: float = 0.0
+    imatrix: str | None = None   # the importance-matrix file used
 
     @property
     def type_counts(self) -> dict[str, int]:
@@ -67,6 +69,14 @@ class QuantizeReport:
             lines.append(f"  fallback:  {len(self.fallbacks)} tensor(s) whose rows don't fit the mix's block got "
                          "another type: " + ", ".join(f"{t.name} {t.fallback_from}->{t.out_type}"
                                                       for t in self.fallbacks))
+        if self.imatrix is not None:
+            used = [t.name for t in self.tensors if t.weighted]
+            unused = [f"{t.name} ({t.out_type})" for t in self.tensors if t.weighted is False]
+            lines.append(f"  imatrix:   {self.imatrix}: importance weights used for {len(used)} tensor(s)")
+            if unused:
+                lines.append(f"  note: {len(unused)} tensor(s) quantized without importance weights (no entry in the "
+                             "imatrix, or ggflow has no weighted encoder for the type yet, where llama.cpp "
+                             "has one): " + ", ".join(unused))
         if self.requantized:
             lines.append(f"  note: {len(self.requantized)} tensor(s) were already quantized and were requantized "
                          "(decoded, then quantized again: the errors of both add up): " + ", ".join(self.requantized))

@@ -25,7 +25,7 @@ from ggflow.errors import QuantizationError
 
 GGUF_VERSION = 3
 GGML_QNT_VERSION = 2   # ggml.h: the quantized formats' version, written to general.quantization_version
-_UINT32 = 4            # GGUF value type
+_UINT32, _STRING = 4, 8   # GGUF value types
 _DROPPED_KEYS = ("split.no", "split.count", "split.tensors.count")
 _REWRITTEN_KEYS = ("general.quantization_version", "general.file_type")
 _FIRST_KEY = "general.architecture"
@@ -40,13 +40,18 @@ def _uint32_entry(key: str, value: int) -> bytes:
     return _string(key) + struct.pack("<II", _UINT32, value)
 
 
-def metadata_entries(src: GGUFFile, ftype: int | None) -> list[bytes]:
-    """The output's key-value entries, in order, from the input's. ftype None: no general.file_type."""
-    kept = [k for k in src.kv_spans if k not in _DROPPED_KEYS + _REWRITTEN_KEYS]
+def metadata_entries(src: GGUFFile, ftype: int | None, extra: list[tuple[str, str | int]] = ()) -> list[bytes]:
+    """The output's key-value entries, in order, from the input's. ftype None: no general.file_type.
+    extra: (key, str or u32 value) set after it, as llama-quantize sets its kv_overrides (the imatrix's)."""
+    rewritten = _REWRITTEN_KEYS + tuple(k for k, _ in extra)
+    kept = [k for k in src.kv_spans if k not in _DROPPED_KEYS + rewritten]
     kept.sort(key=lambda k: k != _FIRST_KEY)  # stable: the rest keep the input's order
     set_keys = [_uint32_entry("general.quantization_version", GGML_QNT_VERSION)]
     if ftype is not None:
         set_keys.append(_uint32_entry("general.file_type", ftype))
+    for key, value in extra:
+        set_keys.append(_string(key) + struct.pack("<I", _STRING) + _string(value) if isinstance(value, str)
+                        else _uint32_entry(key, value))
     return [src.kv_entry(k) for k in kept] + set_keys
 
 
