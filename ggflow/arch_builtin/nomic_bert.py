@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ggflow.arch_builtin.bert import classification_head, load_encoder_hparams
+from ggflow.arch_builtin.bert import Bert, classification_head
 from ggflow.core import ops
-from ggflow.core.arch import LAYER_EPS, Architecture, load_common_hparams
-from ggflow.core.encoder_memory import EncoderMemory, attend_within_ubatch
+from ggflow.core.encoder_memory import attend_within_ubatch
 from ggflow.core.graph_builder import FFN, GraphBuilder, Norm
-from ggflow.core.hparams import HParams
-from ggflow.core.metadata import Metadata
 from ggflow.core.tensor import Tensor
 from ggflow.core.weights import optional, per_layer, tensor
 from ggflow.plugins.hookspecs import hookimpl
@@ -49,22 +46,11 @@ class NomicBertWeights:
     cls_out_b: Tensor | None = optional("cls.output.bias", lambda hp: (hp.extra["n_cls_out"],))
 
 
-class NomicBert(Architecture):
+class NomicBert(Bert):
+    """bert's hyperparameters, memory (none) and head; its own weights and layer."""
     names = ("nomic-bert",)
     weights = NomicBertWeights
     rope_type = ops.ROPE_NEOX
-    norm_eps_key = LAYER_EPS
-
-    def load_hparams(self, meta: Metadata) -> HParams:
-        hp = load_common_hparams(meta, rope_type=self.rope_type, norm_eps_key=self.norm_eps_key)
-        load_encoder_hparams(meta, hp)
-        return hp
-
-    def create_memory(self, hp, n_ctx, backend, type_k, type_v, n_ubatch):
-        return EncoderMemory(n_ctx)
-
-    def kv_cells(self, hp, n_ctx, n_ubatch):
-        return [0] * hp.n_layer
 
     def build_graph(self, b: GraphBuilder):
         w = b.w

@@ -98,9 +98,11 @@ def _sums(weight, xval, L):
 
 
 @njit(cache=True, fastmath=False)
-def _signs(xb, weight, xval, block_signs):
-    """|x| into xval with an even number of sign flips per 8; block_signs[k] the 7 stored sign bits."""
-    for k in range(4):
+def split_signs(xb, weight, xval, block_signs, n_groups, even):
+    """|x| into xval and each group of 8's sign bits into block_signs[k] (ggml's i-quant encoders). With
+    ``even`` an odd count of flips in a group flips back its element of least weight * x^2, and 7 bits are
+    stored (the 8th is their parity); otherwise all 8."""
+    for k in range(n_groups):
         nflip = 0
         s = 0
         for i in range(8):
@@ -110,7 +112,7 @@ def _signs(xb, weight, xval, block_signs):
                 xval[8 * k + i] = -xb[8 * k + i]
                 nflip += 1
                 s |= 1 << i
-        if nflip % 2:
+        if even and nflip % 2:
             imin = 0
             vmin = weight[8 * k] * xb[8 * k] * xb[8 * k]
             for i in range(1, 8):
@@ -120,7 +122,7 @@ def _signs(xb, weight, xval, block_signs):
                     imin = i
             xval[8 * k + imin] = -xval[8 * k + imin]
             s ^= 1 << imin
-        block_signs[k] = s & 127
+        block_signs[k] = s & 127 if even else s
 
 
 @njit(cache=True, fastmath=False, nogil=True)
@@ -148,7 +150,7 @@ def quantize_iq2_xxs(blocks, qw, grid, kmap, neighbours, out):
                 weight[i] = qw[ibl, 32 * ib + i] * np.sqrt(sigma2 + xb[i] * xb[i])
             for i in range(32):
                 waux[i] = np.sqrt(weight[i])
-            _signs(xb, weight, xval, block_signs)
+            split_signs(xb, weight, xval, block_signs, 4, True)
             vmax = xval[0]
             for i in range(1, 32):
                 vmax = max(vmax, xval[i])
@@ -251,27 +253,7 @@ def _iq2_16(blocks, qw, has_qw, grid, kmap, neighbours, out, is_s):
                     weight[i] = f32(0.25) * sigma2 + xb[i] * xb[i]
             for i in range(16):
                 waux[i] = np.sqrt(weight[i])
-            for k in range(2):
-                nflip = 0
-                s = 0
-                for i in range(8):
-                    if xb[8 * k + i] >= 0:
-                        xval[8 * k + i] = xb[8 * k + i]
-                    else:
-                        xval[8 * k + i] = -xb[8 * k + i]
-                        nflip += 1
-                        s |= 1 << i
-                if nflip % 2 and not is_s:
-                    imin = 0
-                    vmin = weight[8 * k] * xb[8 * k] * xb[8 * k]
-                    for i in range(1, 8):
-                        ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
-                        if ax < vmin:
-                            vmin = ax
-                            imin = i
-                    xval[8 * k + imin] = -xval[8 * k + imin]
-                    s ^= 1 << imin
-                block_signs[k] = s if is_s else s & 127
+            split_signs(xb, weight, xval, block_signs, 2, not is_s)
             vmax = xval[0]
             for i in range(1, 16):
                 vmax = max(vmax, xval[i])

@@ -16,6 +16,7 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
+from ggflow.quant_builtin._iq2_encoder import split_signs
 from ggflow.quant_builtin._iq_grids import IQ3S_GRID, IQ3XXS_GRID
 from ggflow.quant_builtin._kquant_encoders import nearest_int, round_to_fp16
 
@@ -227,27 +228,7 @@ def quantize_iq3_xxs(blocks, qw, has_qw, grid, kmap, neighbours, out):
                     weight[i] = xb[i] * xb[i]
             for i in range(32):
                 waux[i] = np.sqrt(weight[i])
-            for k in range(4):
-                nflip = 0
-                s = 0
-                for i in range(8):
-                    if xb[8 * k + i] >= 0:
-                        xval[8 * k + i] = xb[8 * k + i]
-                    else:
-                        xval[8 * k + i] = -xb[8 * k + i]
-                        nflip += 1
-                        s |= 1 << i
-                if nflip % 2:
-                    imin = 0
-                    vmin = weight[8 * k] * xb[8 * k] * xb[8 * k]
-                    for i in range(1, 8):
-                        ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
-                        if ax < vmin:
-                            vmin = ax
-                            imin = i
-                    xval[8 * k + imin] = -xval[8 * k + imin]
-                    s ^= 1 << imin
-                block_signs[k] = s & 127
+            split_signs(xb, weight, xval, block_signs, 4, True)
             vmax = xval[0]
             for i in range(1, 32):
                 vmax = max(vmax, xval[i])
