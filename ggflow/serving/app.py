@@ -32,6 +32,7 @@ from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, De
                                           TokenizeBody)
 from ggflow.serving.prometheus import metrics_text
 from ggflow.serving.rerank import add_rerank_routes
+from ggflow.serving.llama_routes import add_llama_routes, props_generation_settings, tokenize_with_pieces
 from ggflow.serving.generation import generate
 from ggflow.serving.limits import BodyLimits, BodyTimeoutError, BodyTooLargeError, ServerLimits
 from ggflow.serving.request import EngineStoppedError, PromptTooLongError, QueueFullError
@@ -110,7 +111,8 @@ def create_app(state: ServerState) -> FastAPI:
         return {"model_alias": state.model_name, "model_path": engine.ctx.model.path, "total_slots": len(engine.slots),
                 "n_ctx": engine.n_ctx, "n_batch": engine.n_batch, "max_queue": engine.max_queue,
                 "chat_template": state.chat_template().source,
-                "default_generation_settings": dataclasses.asdict(SamplingParams())}
+                "default_generation_settings": {**dataclasses.asdict(SamplingParams()),
+                                                **props_generation_settings(engine)}}
 
     @app.get("/metrics")
     async def metrics():
@@ -132,7 +134,8 @@ def create_app(state: ServerState) -> FastAPI:
     async def tokenize(http: HTTPRequest):
         body = await _parse(http, TokenizeBody)
         vocab = state.ready().vocab
-        return {"tokens": vocab.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)}
+        tokens = vocab.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
+        return {"tokens": tokenize_with_pieces(vocab, tokens) if body.with_pieces else tokens}
 
     @app.post("/detokenize")
     async def detokenize(http: HTTPRequest):
@@ -194,6 +197,7 @@ def create_app(state: ServerState) -> FastAPI:
                               grammar=grammar, tools=tools)
 
     add_rerank_routes(app, state, _parse)
+    add_llama_routes(app, state, _parse)
     return app
 
 

@@ -144,6 +144,7 @@ class TokenizeBody(_Strict):
     content: str
     add_special: bool = False
     parse_special: bool = True
+    with_pieces: bool = False
 
 
 class EmbeddingBody(_Strict):
