@@ -33,6 +33,8 @@ from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, De
 from ggflow.serving.prometheus import metrics_text
 from ggflow.serving.rerank import add_rerank_routes
 from ggflow.serving.llama_routes import add_llama_routes, props_generation_settings, tokenize_with_pieces
+from ggflow.serving.anthropic import add_anthropic_routes
+from ggflow.serving.responses_api import add_responses_routes
 from ggflow.serving.generation import generate
 from ggflow.serving.limits import BodyLimits, BodyTimeoutError, BodyTooLargeError, ServerLimits
 from ggflow.serving.request import EngineStoppedError, PromptTooLongError, QueueFullError
@@ -198,6 +200,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     add_rerank_routes(app, state, _parse)
     add_llama_routes(app, state, _parse)
+    add_anthropic_routes(app, state, _parse)
+    add_responses_routes(app, state, _parse)
     return app
 
 
