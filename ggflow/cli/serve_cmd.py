@@ -67,6 +67,11 @@ def add_parser(subparsers: Any) -> None:
     conns.add_argument("--max-connections", type=int_at_least(1), default=DEFAULT_MAX_CONNECTIONS,
                        help=f"open connections at once; more get 503 and are closed (default {DEFAULT_MAX_CONNECTIONS})")
     parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
+    parser.add_argument("--reasoning-format", default="auto", choices=["none", "auto", "deepseek", "deepseek-legacy"],
+                        help="chat replies' <think>...</think> goes to reasoning_content (auto, deepseek) or stays in "
+                             "the content (none); a request's reasoning_format overrides it (default auto)")
+    parser.add_argument("--slot-save-path", default=None,
+                        help="folder for /slots/{id}?action=save|restore files (default: slot saving is off)")
     ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve as Ray Serve replicas with prefix-aware routing")
     ray.add_argument("--replicas", type=int, default=1, help="model replicas, each with -np slots (default 1)")
@@ -102,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         from ggflow.serving.ray_serve import run_cli
         return run_cli(args, path, backend_names(args.backend))
-    state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key, limits=limits)
+    state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key, limits=limits,
+                        reasoning_format=args.reasoning_format, slot_save_path=args.slot_save_path)
 
     def load() -> None:  # /health answers 503 until this is done
         try:

@@ -35,6 +35,8 @@ from ggflow.serving.rerank import add_rerank_routes
 from ggflow.serving.llama_routes import add_llama_routes, props_generation_settings, tokenize_with_pieces
 from ggflow.serving.anthropic import add_anthropic_routes
 from ggflow.serving.responses_api import add_responses_routes
+from ggflow.serving.reasoning import ReasoningOptions, prompt_opens_thinking
+from ggflow.serving.llama_routes import slot_file_action
 from ggflow.serving.generation import generate
 from ggflow.serving.limits import BodyLimits, BodyTimeoutError, BodyTooLargeError, ServerLimits
 from ggflow.serving.request import EngineStoppedError, PromptTooLongError, QueueFullError
@@ -51,6 +53,8 @@ class ServerState:
     engine: Engine | None = None
     load_error: str | None = None
     limits: ServerLimits = field(default_factory=ServerLimits)
+    reasoning_format: str = "auto"       # --reasoning-format: a chat request's default (serving/reasoning.py)
+    slot_save_path: str | None = None    # --slot-save-path: where /slots/{id}?action=save|restore keep files
     created: int = field(default_factory=lambda: int(time.time()))
     _template: Any = None
 
@@ -126,9 +130,11 @@ def create_app(state: ServerState) -> FastAPI:
         return state.ready().slots_snapshot()
 
     @app.post("/slots/{slot_id}")
-    async def slot_action(slot_id: int, action: str = ""):
+    async def slot_action(http: HTTPRequest, slot_id: int, action: str = ""):
+        if action in ("save", "restore"):
+            return await slot_file_action(http, state, slot_id, action)
         if action != "erase":
-            raise GGFlowError(f"unknown slot action {action!r}: ggflow supports ?action=erase")
+            raise GGFlowError(f"unknown slot action {action!r}: ggflow supports ?action=save, restore or erase")
         n = await asyncio.wrap_future(state.ready().erase_slot(slot_id))
         return {"id_slot": slot_id, "n_erased": n}
 
@@ -193,10 +199,13 @@ def create_app(state: ServerState) -> FastAPI:
                 raise GGFlowError("a request with tools cannot also set grammar, json_schema or response_format")
             grammar = grammar or tool_grammar
             messages = tools.messages(messages)
-        tokens = chat_prompt_tokens(template, engine.vocab, messages, tools=body.tools)
+        reasoning = ReasoningOptions.for_request(body, state.reasoning_format)
+        kwargs = reasoning.template_kwargs(body.chat_template_kwargs)
+        tokens = chat_prompt_tokens(template, engine.vocab, messages, tools=body.tools, **kwargs)
+        reasoning.in_think = prompt_opens_thinking(engine.vocab.detokenize(tokens[-8:], unparse_special=True))
         body = _capped(body, engine.n_ctx, state.limits)
         return await generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx,
-                              grammar=grammar, tools=tools)
+                              grammar=grammar, tools=tools, reasoning=reasoning if reasoning.active else None)
 
     add_rerank_routes(app, state, _parse)
     add_llama_routes(app, state, _parse)

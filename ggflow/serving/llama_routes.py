@@ -331,3 +331,31 @@ def props_generation_settings(engine: Any) -> dict[str, Any]:
     params = {k: v for k, v in params.items() if isinstance(v, (int, float, str, bool)) or v is None}
     params.update(seed=0xFFFFFFFF if params.get("seed") is None else params["seed"], n_predict=-1)
     return {"n_ctx": engine.n_ctx // max(1, len(engine.slots)), "params": params}
+
+
+async def slot_file_action(http: HTTPRequest, state: Any, slot_id: int, action: str) -> Any:
+    """/slots/{id}?action=save|restore with {"filename": ...} (serving/slot_files.py)."""
+    import asyncio
+
+    from ggflow.serving.slot_files import SlotFiles, SlotsDisabled
+
+    engine = state.ready()
+    files = getattr(state, "_slot_files", None)
+    if files is None or files.engine is not engine:
+        files = state._slot_files = SlotFiles(engine, state.slot_save_path)
+    raw = await http.body()
+    try:
+        data = json.loads(raw or b"null")
+    except ValueError as exc:
+        raise GGFlowError(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise GGFlowError("the request body must be a JSON object with a filename")
+    filename = data.get("filename")
+    try:
+        if action == "save":
+            snap = await asyncio.wrap_future(engine.call_soon(lambda: files.snapshot(slot_id, filename)))
+            return await asyncio.to_thread(files.write, slot_id, filename, snap)
+        blob, _ = await asyncio.to_thread(files.read, filename)
+        return await asyncio.wrap_future(engine.call_soon(lambda: files.restore(slot_id, filename, blob)))
+    except SlotsDisabled as exc:
+        return error_response(501, str(exc), "not_supported_error")

@@ -11,6 +11,8 @@ rendered with enable_thinking false, and a reply that still thinks has its reaso
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ggflow.errors import GGFlowError
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -93,3 +95,49 @@ def _partial_suffix(text: str, tag: str) -> int:
         if text.endswith(tag[:n]):
             return n
     return 0
+
+
+class ReasoningOptions:
+    """A chat request's reasoning handling: its format (or the server's), its budget, and whether the
+    rendered prompt opened a think block."""
+
+    def __init__(self, fmt: str, budget: int | None, in_think: bool = False):
+        self.format = fmt
+        if budget is not None and budget not in (-1, 0):
+            raise GGFlowError(f"reasoning_budget must be -1 (unlimited) or 0 (no thinking); got {budget}: "
+                              f"a token budget for thinking is not supported")
+        self.keep = budget != 0
+        self.in_think = in_think
+
+    @classmethod
+    def for_request(cls, body: Any, server_default: str) -> "ReasoningOptions":
+        return cls(check_format(getattr(body, "reasoning_format", None), server_default),
+                   getattr(body, "reasoning_budget", None))
+
+    def template_kwargs(self, given: dict[str, Any] | None) -> dict[str, Any]:
+        """chat_template_kwargs, with enable_thinking false when thinking is disabled."""
+        kwargs = dict(given or {})
+        reserved = {"messages", "tools", "add_generation_prompt"} & set(kwargs)
+        if reserved:
+            raise GGFlowError(f"chat_template_kwargs cannot set {', '.join(sorted(reserved))}")
+        if not self.keep:
+            kwargs.setdefault("enable_thinking", False)
+        return kwargs
+
+    @property
+    def active(self) -> bool:
+        return self.format != "none" or not self.keep
+
+    def splitter(self) -> ReasoningSplitter:
+        return ReasoningSplitter(self.format != "none", self.in_think, self.keep)
+
+    def split(self, text: str) -> tuple[str, str]:
+        return split_reasoning(text, self.format, self.in_think, self.keep)
+
+
+def reasoning_chunk(ids: Any, thought: str, first: bool = False) -> dict[str, Any]:
+    """A streamed chat chunk whose delta is reasoning_content."""
+    from ggflow.serving.responses import chunk
+    out = chunk(ids, None, first=first)
+    out["choices"][0]["delta"]["reasoning_content"] = thought
+    return out
