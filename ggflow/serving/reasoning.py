@@ -40,6 +40,7 @@ class ReasoningSplitter:
         self.started = in_think      # a think block may open only at the reply's start (leading space aside)
         self._held = ""
         self._seen_text = False
+        self._eat_newlines = False   # after a tag: the newlines that follow it are part of neither side
 
     def feed(self, text: str) -> tuple[str, str]:
         """(reasoning, content) released by ``text``."""
@@ -48,12 +49,17 @@ class ReasoningSplitter:
         self._held += text
         reasoning, content = [], []
         while self._held:
+            if self._eat_newlines:
+                self._held = self._held.lstrip("\n")
+                if not self._held:
+                    break
+                self._eat_newlines = False
             if self.in_think:
                 i = self._held.find(CLOSE)
                 if i >= 0:
                     reasoning.append(self._held[:i])
-                    self._held = self._held[i + len(CLOSE):].lstrip("\n")
-                    self.in_think = False
+                    self._held = self._held[i + len(CLOSE):]
+                    self.in_think, self._eat_newlines = False, True
                     continue
                 keep = _partial_suffix(self._held, CLOSE)
                 reasoning.append(self._held[:len(self._held) - keep])
@@ -62,8 +68,8 @@ class ReasoningSplitter:
             if not self.started and not self._seen_text:
                 stripped = self._held.lstrip()
                 if stripped.startswith(OPEN):
-                    self._held = stripped[len(OPEN):].lstrip("\n")
-                    self.in_think = self.started = True
+                    self._held = stripped[len(OPEN):]
+                    self.in_think = self.started = self._eat_newlines = True
                     continue
                 if OPEN.startswith(stripped):   # may still become <think>
                     break
