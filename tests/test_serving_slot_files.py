@@ -129,3 +129,18 @@ def test_without_a_slot_save_path_save_is_not_supported():
     with serving(ServerState(model_name="smollm2", engine=engine)) as url, httpx.Client(base_url=url) as h:
         r = h.post("/slots/0", params={"action": "save"}, json={"filename": "x.bin"})
         assert r.status_code == 501 and "--slot-save-path" in r.json()["error"]["message"]
+
+
+def test_id_slot_pins_a_request_and_a_file_moves_a_cache_between_slots(h):
+    _erase_all(h)
+    first = h.post("/completion", json={"prompt": PROMPT, "n_predict": 4, "temperature": 0, "id_slot": 1}).json()
+    assert first["id_slot"] == 1
+    cached = {s["id"]: s["n_cached"] for s in h.get("/slots").json()}
+    assert cached[0] == 0 and cached[1] > 0
+    assert h.post("/slots/1", params={"action": "save"}, json={"filename": "s1.bin"}).status_code == 200
+    assert h.post("/slots/0", params={"action": "restore"}, json={"filename": "s1.bin"}).status_code == 200
+    moved = h.post("/completion", json={"prompt": PROMPT, "n_predict": 4, "temperature": 0, "id_slot": 0}).json()
+    assert moved["content"] == first["content"] and moved["timings"]["cache_n"] == first["tokens_evaluated"] - 1
+    for bad in (2, -2):
+        r = h.post("/completion", json={"prompt": PROMPT, "n_predict": 1, "id_slot": bad})
+        assert r.status_code == 400 and "id_slot" in r.json()["error"]["message"]

@@ -111,6 +111,9 @@ class Engine:
     def prepare(self, request: Request) -> None:
         """Check a request and build its sampler chains (its siblings' too) in the caller's thread: bad options
         are the caller's error, not the engine's."""
+        if not -1 <= request.id_slot < len(self.slots) or (request.id_slot >= 0 and request.siblings):
+            raise GGFlowError(f"id_slot {request.id_slot}: the slots are 0..{len(self.slots) - 1} (-1: any), "
+                              f"for one choice")
         if request.siblings and 1 + len(request.siblings) > len(self.slots):
             raise GGFlowError(f"n={1 + len(request.siblings)} choices need as many slots; this engine has "
                               f"{len(self.slots)} (ggflow serve -np)")
@@ -261,11 +264,17 @@ class Engine:
                 if 1 + len(request.siblings) > len(idle) and not request.cancelled:
                     self._n_idle = 0        # n choices start together: wait for that many idle slots
                     return
+                candidates = idle
+                if request.id_slot >= 0 and not request.cancelled:   # a pinned request waits for its slot
+                    candidates = [s for s in idle if s.id == request.id_slot]
+                    if not candidates:
+                        self._n_idle = 0
+                        return
                 self._waiting.popleft()
                 self._n_idle = len(idle) - (0 if request.cancelled else 1 + len(request.siblings))
             if request.cancelled:
                 continue
-            slot, shared = choose_slot(idle, request.prompt)
+            slot, shared = choose_slot(candidates, request.prompt)
             # the last prompt token is evaluated for its logits; prompt logprobs need every token's
             reuse = 0 if request.prompt_logprobs else min(shared, len(request.prompt) - 1)
             if not self.ctx.memory.seq_rm(slot.seq_id, reuse, -1):   # cannot continue there (a window cache)

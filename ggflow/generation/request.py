@@ -65,6 +65,7 @@ class Request:
     logits_processors: Sequence[Callable] = ()  # (token_ids, logits) -> logits, first in the chain
     stopping_criteria: Sequence[Callable] = ()  # (token_ids, logits) -> bool: True ends with "stop"
     siblings: Sequence["Request"] = ()         # n > 1: choices that continue from this one's evaluated prompt
+    id_slot: int = -1                          # llama-server's id_slot: decode in this slot only (waits for it)
     id: int = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self):

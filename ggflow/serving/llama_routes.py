@@ -162,8 +162,8 @@ class NativeShape:
     def final(self, c: Completion, streamed: bool) -> dict[str, Any]:
         kind, word = stop_type(self.vocab, c, self.body.stops())
         n_predict = self.body.token_limit(-1)
-        res = {"index": self.index, "content": "" if streamed else c.text,
-               "tokens": list(c.tokens) if self.body.return_tokens and not streamed else [], "id_slot": -1,
+        tokens = list(c.tokens) if self.body.return_tokens and not streamed else []
+        res = {"index": self.index, "content": "" if streamed else c.text, "tokens": tokens, "id_slot": self.body.id_slot,
                "stop": True, "model": self.model, "tokens_predicted": len(c.tokens),
                "tokens_evaluated": len(c.prompt_tokens),
                "generation_settings": generation_settings(self.body, self.body.sampling(), n_predict),
@@ -176,7 +176,8 @@ class NativeShape:
 
     def partial(self, p: Piece, n_decoded: int) -> dict[str, Any]:
         res = {"index": self.index, "content": p.text, "tokens": [p.token] if self.body.return_tokens else [],
-               "stop": False, "id_slot": -1, "tokens_predicted": n_decoded, "tokens_evaluated": len(self.tokens)}
+               "stop": False, "id_slot": self.body.id_slot, "tokens_predicted": n_decoded,
+               "tokens_evaluated": len(self.tokens)}
         if self.body.n_probs > 0 and p.logprob is not None:
             res["completion_probabilities"] = probs_json(self.vocab, [p.logprob], self.body.post_sampling_probs)
         return res
@@ -244,8 +245,8 @@ def infill_tokens(vocab: Any, body: InfillBody, n_batch: int, n_ctx: int) -> lis
         raise InfillUnsupported("Infill is not supported by this model: " +
                                 " ".join(f"{m} token is missing." for m in missing))
     tok = lambda text: vocab.tokenize(text, add_special=False, parse_special=False)  # noqa: E731
-    prefix = _tokenize_mixed(vocab, body.input_prefix, False) if isinstance(body.input_prefix, list) else tok(body.input_prefix)
-    suffix = _tokenize_mixed(vocab, body.input_suffix, False) if isinstance(body.input_suffix, list) else tok(body.input_suffix)
+    mixed = lambda x: _tokenize_mixed(vocab, x, False) if isinstance(x, list) else tok(x)  # noqa: E731
+    prefix, suffix = mixed(body.input_prefix), mixed(body.input_suffix)
     prompt = tok(body.prompt) if body.prompt else []
     extra: list[int] = []
     if sp.fim_rep is not None:

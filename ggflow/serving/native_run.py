@@ -33,7 +33,7 @@ def make_request(engine: Any, tokens: list[int], body: Any, default_max_tokens: 
     events = _Events(pieces=stream)
     request = Request(tokens, events.on_event, max_tokens=body.token_limit(default_max_tokens),
                       sampling=body.sampling(engine.vocab.special.eog), stop=body.stops() if stop is None else stop,
-                      grammar=grammar, n_top=n_top)
+                      grammar=grammar, n_top=n_top, id_slot=getattr(body, "id_slot", -1))
     return request, events
 
 
