@@ -10,7 +10,7 @@ from typing import Any, Callable, Union
 
 from fastapi import Request as HTTPRequest
 from fastapi.responses import Response, StreamingResponse
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ggflow.core.sampling import SamplingParams
 from ggflow.errors import GGFlowError
@@ -38,6 +38,14 @@ class NativeCompletionBody(GenerationBody):
     response_fields: list[str] | None = None
     id_slot: int = -1
     multimodal_data: list[str] | None = None
+
+
+class PropsBody(BaseModel):
+    model_config = ConfigDict(extra="allow")   # every key given is a property the request would change
+
+
+class SlotFileBody(_Strict):
+    filename: Any = None                       # checked by slot_files.checked_path, with its own message
 
 
 class InfillExtra(_Strict):
@@ -314,15 +322,9 @@ def add_llama_routes(app: Any, state: Any, parse: Callable) -> None:
     async def set_props(http: HTTPRequest):
         """llama-server's POST /props: no property of a running server can be changed (llama-server's
         handler changes none either); an empty object is accepted, a named property is refused."""
-        raw = await http.body()
-        try:
-            data = json.loads(raw or b"{}")
-        except ValueError as exc:
-            raise GGFlowError(f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise GGFlowError(f"the request body must be a JSON object, got {type(data).__name__}")
-        if data:
-            raise GGFlowError(f"server properties are read-only while it runs: {', '.join(sorted(data))[:200]}")
+        given = (await parse(http, PropsBody)).model_extra if await http.body() else {}
+        if given:
+            raise GGFlowError(f"server properties are read-only while it runs: {', '.join(sorted(given))[:200]}")
         return {"success": True}
 
 
@@ -344,14 +346,8 @@ async def slot_file_action(http: HTTPRequest, state: Any, slot_id: int, action: 
     files = getattr(state, "_slot_files", None)
     if files is None or files.engine is not engine:
         files = state._slot_files = SlotFiles(engine, state.slot_save_path)
-    raw = await http.body()
-    try:
-        data = json.loads(raw or b"null")
-    except ValueError as exc:
-        raise GGFlowError(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise GGFlowError("the request body must be a JSON object with a filename")
-    filename = data.get("filename")
+    from ggflow.serving.app import _parse
+    filename = (await _parse(http, SlotFileBody)).filename
     try:
         if action == "save":
             snap = await asyncio.wrap_future(engine.call_soon(lambda: files.snapshot(slot_id, filename)))
