@@ -32,11 +32,11 @@ from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, De
                                           TokenizeBody)
 from ggflow.serving.prometheus import metrics_text
 from ggflow.serving.rerank import add_rerank_routes
-from ggflow.serving.llama_routes import add_llama_routes, props_generation_settings, tokenize_with_pieces
+from ggflow.serving.llama_routes import (add_llama_routes, props_generation_settings, slot_file_action,
+                                         tokenize_with_pieces)
 from ggflow.serving.anthropic import add_anthropic_routes
 from ggflow.serving.responses_api import add_responses_routes
 from ggflow.serving.reasoning import ReasoningOptions, prompt_opens_thinking
-from ggflow.serving.llama_routes import slot_file_action
 from ggflow.serving.generation import generate
 from ggflow.serving.limits import BodyLimits, BodyTimeoutError, BodyTooLargeError, ServerLimits
 from ggflow.serving.request import EngineStoppedError, PromptTooLongError, QueueFullError
