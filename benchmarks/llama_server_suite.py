@@ -25,7 +25,9 @@ from pathlib import Path
 
 VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{VERSION}"
-TESTS_IN_SDIST = f"{SDIST}/vendor/llama.cpp/tools/server/tests/"
+LLAMA_IN_SDIST = f"{SDIST}/vendor/llama.cpp/"
+# the tests, and the chat templates they name as ../../../models/templates/X.jinja from the tests' folder
+UNPACKED = ("tools/server/tests/", "models/templates/")
 REPO = Path(__file__).resolve().parent.parent
 SHIM = Path(__file__).resolve().parent / "llama_server_shim.py"
 DEFAULT_SDISTS = (Path("/work/llama-src") / f"{SDIST}.tar.gz",)
@@ -66,16 +68,19 @@ def sdist_path(given: str | None, work: Path) -> Path:
 
 
 def unpack_tests(sdist: Path, work: Path) -> Path:
-    """tools/server/tests from the sdist into ``work`` (only those files, with no path leaving ``work``)."""
-    dest = work / "tests"
-    if not (dest / "unit").is_dir():
+    """tools/server/tests and models/templates from the sdist into ``work``/llama.cpp (only those files, with
+    no path leaving ``work``); the tests' folder."""
+    root = work / "llama.cpp"
+    dest = root / "tools" / "server" / "tests"
+    if not (dest / "unit").is_dir() or not (root / "models" / "templates").is_dir():
         with tarfile.open(sdist) as tar:
-            members = [m for m in tar.getmembers() if m.name.startswith(TESTS_IN_SDIST) and (m.isfile() or m.isdir())]
+            members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and any(
+                m.name.startswith(LLAMA_IN_SDIST + part) for part in UNPACKED)]
             for m in members:
-                m.name = m.name[len(TESTS_IN_SDIST):]
+                m.name = m.name[len(LLAMA_IN_SDIST):]
                 if not m.name or m.name.startswith("/") or ".." in Path(m.name).parts:
                     raise SystemExit(f"refusing sdist member {m.name!r}")
-            tar.extractall(dest, members=[m for m in members if m.name], filter="data")
+            tar.extractall(root, members=members, filter="data")
     (dest / "unit" / "conftest.py").write_text(NO_DOWNLOADS_CONFTEST)
     (dest / "wget.py").write_text(WGET_STANDIN)
     (dest / "tmp").mkdir(exist_ok=True)

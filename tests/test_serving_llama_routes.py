@@ -186,3 +186,20 @@ def test_infill_prompt_layout_as_llama_server():
                    1, *t("a b c"), *t("p"), 2, *t("x y"), 3]
     short = infill_tokens(vocab, body.model_copy(update={"input_prefix": "a " * 40}), n_batch=16, n_ctx=256)
     assert short[short.index(1) + 1:short.index(2)] == t("a") * 12 + t("p")   # the prefix keeps 3/4 of a batch
+
+
+def test_chat_template_file_replaces_the_models_template(tmp_path):
+    from ggflow.api import default_model_path
+    from ggflow.serving.app import ServerState
+    from ggflow.serving.engine import Engine
+    from tests.test_serving_http import serving
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                        "{% if add_generation_prompt %}<assistant>{% endif %}")
+    engine = Engine.load(default_model_path(), n_ctx=64, n_slots=1, n_threads=1)
+    engine.start()
+    state = ServerState(model_name="smollm2", engine=engine, chat_template_file=str(template))
+    with serving(state) as url, httpx.Client(base_url=url, timeout=TIMEOUT_S) as h:
+        r = h.post("/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]})
+        assert r.json() == {"prompt": "<user>Hi<assistant>"}

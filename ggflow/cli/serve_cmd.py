@@ -70,6 +70,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--reasoning-format", default="auto", choices=["none", "auto", "deepseek", "deepseek-legacy"],
                         help="chat replies' <think>...</think> goes to reasoning_content (auto, deepseek) or stays in "
                              "the content (none); a request's reasoning_format overrides it (default auto)")
+    parser.add_argument("--chat-template-file", default=None,
+                        help="a Jinja chat template file to use instead of the model's tokenizer.chat_template")
     parser.add_argument("--slot-save-path", default=None,
                         help="folder for /slots/{id}?action=save|restore files (default: slot saving is off)")
     ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
@@ -108,7 +110,11 @@ def run(args: argparse.Namespace) -> int:
         from ggflow.serving.ray_serve import run_cli
         return run_cli(args, path, backend_names(args.backend))
     state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key, limits=limits,
-                        reasoning_format=args.reasoning_format, slot_save_path=args.slot_save_path)
+                        reasoning_format=args.reasoning_format, slot_save_path=args.slot_save_path,
+                        chat_template_file=args.chat_template_file)
+    if args.chat_template_file is not None:
+        from ggflow.serving.llama_routes import read_template_file
+        read_template_file(args.chat_template_file)   # a missing or unreadable file stops the start
 
     def load() -> None:  # /health answers 503 until this is done
         try:

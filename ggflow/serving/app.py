@@ -55,6 +55,7 @@ class ServerState:
     limits: ServerLimits = field(default_factory=ServerLimits)
     reasoning_format: str = "auto"       # --reasoning-format: a chat request's default (serving/reasoning.py)
     slot_save_path: str | None = None    # --slot-save-path: where /slots/{id}?action=save|restore keep files
+    chat_template_file: str | None = None   # --chat-template-file: a Jinja template instead of the GGUF's
     created: int = field(default_factory=lambda: int(time.time()))
     _template: Any = None
 
@@ -62,7 +63,11 @@ class ServerState:
         if self._template is None:
             from ggflow.core.chat_template import ChatTemplate
             model = self.ready().ctx.model
-            self._template = ChatTemplate.for_vocab(model.metadata.get("tokenizer.chat_template"), model.vocab)
+            source = model.metadata.get("tokenizer.chat_template")
+            if self.chat_template_file is not None:
+                from ggflow.serving.llama_routes import read_template_file
+                source = read_template_file(self.chat_template_file)
+            self._template = ChatTemplate.for_vocab(source, model.vocab)
         return self._template
 
     def ready(self) -> Engine:

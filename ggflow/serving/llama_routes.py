@@ -356,3 +356,12 @@ async def slot_file_action(http: HTTPRequest, state: Any, slot_id: int, action: 
         return await asyncio.wrap_future(engine.call_soon(lambda: files.restore(slot_id, filename, blob)))
     except SlotsDisabled as exc:
         return error_response(501, str(exc), "not_supported_error")
+
+
+def read_template_file(path: str) -> str:
+    """--chat-template-file's text; GGFlowError naming the file if it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GGFlowError(f"--chat-template-file {path}: {exc}") from None
