@@ -203,3 +203,16 @@ def test_chat_template_file_replaces_the_models_template(tmp_path):
     with serving(state) as url, httpx.Client(base_url=url, timeout=TIMEOUT_S) as h:
         r = h.post("/apply-template", json={"messages": [{"role": "user", "content": "Hi"}]})
         assert r.json() == {"prompt": "<user>Hi<assistant>"}
+
+
+def test_native_logit_bias_forms_ban_the_greedy_token(h):
+    first = _native(h, prompt=PROMPT, n_predict=1, temperature=0, return_tokens=True)
+    token = first["tokens"][0]
+    text = h.post("/detokenize", json={"tokens": [token]}).json()["content"]
+    for bias in ([[token, False]], {str(token): -100}, [[token, -100]]):
+        other = _native(h, prompt=PROMPT, n_predict=1, temperature=0, return_tokens=True, logit_bias=bias)
+        assert other["tokens"][0] != token, bias
+    as_text = _native(h, prompt=PROMPT, n_predict=1, temperature=0, return_tokens=True, logit_bias={text: False})
+    assert as_text["tokens"][0] != token
+    for bad in ([[1]], {"x": "y"}, [[10 ** 9, -1]], 5):
+        assert h.post("/completion", json={"prompt": PROMPT, "logit_bias": bad}).status_code == 400

@@ -38,6 +38,42 @@ class NativeCompletionBody(GenerationBody):
     response_fields: list[str] | None = None
     id_slot: int = -1
     multimodal_data: list[str] | None = None
+    logit_bias: Any = None               # llama-server's forms too: [[token or text, bias]], {"text": bias}
+
+
+def native_logit_bias(vocab: Any, raw: Any) -> dict[str, float] | None:
+    """llama-server's logit_bias as token id -> bias: an object or a list of [key, bias] pairs; a key is a
+    token id (an integer, or an integer string) or a text whose every token gets the bias; a bias of false
+    bans the token."""
+    if raw is None:
+        return None
+    if isinstance(raw, dict):
+        pairs = list(raw.items())
+    elif isinstance(raw, list) and all(isinstance(p, list) and len(p) == 2 for p in raw):
+        pairs = [tuple(p) for p in raw]
+    else:
+        raise GGFlowError("logit_bias must be an object or a list of [token or text, bias] pairs")
+    out: dict[str, float] = {}
+    for key, bias in pairs:
+        if bias is False:
+            value = -math.inf
+        elif isinstance(bias, (int, float)) and not isinstance(bias, bool) and math.isfinite(bias):
+            value = float(bias)
+        else:
+            raise GGFlowError(f"logit_bias for {str(key)[:40]!r} must be a finite number or false")
+        if isinstance(key, int) and not isinstance(key, bool):
+            ids = [key]
+        elif isinstance(key, str) and key.lstrip("-").isdigit():
+            ids = [int(key)]
+        elif isinstance(key, str):
+            ids = vocab.tokenize(key, add_special=False, parse_special=False)
+        else:
+            raise GGFlowError("logit_bias keys must be token ids or texts")
+        bad = [t for t in ids if not 0 <= t < vocab.n_vocab]
+        if bad:
+            raise GGFlowError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab.n_vocab})")
+        out.update({str(t): value for t in ids})
+    return out
 
 
 class PropsBody(BaseModel):
@@ -296,6 +332,7 @@ def add_llama_routes(app: Any, state: Any, parse: Callable) -> None:
     async def completion(http: HTTPRequest):
         body = await parse(http, NativeCompletionBody)
         engine = state.ready()
+        body = body.model_copy(update={"logit_bias": native_logit_bias(engine.vocab, body.logit_bias)})
         lists, batch = prompt_token_lists(engine.vocab, body.prompt)
         return await run_native(http, engine, state.model_name, body, lists, batch, grammar=body.constraint())
 
