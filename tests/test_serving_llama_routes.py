@@ -216,3 +216,12 @@ def test_native_logit_bias_forms_ban_the_greedy_token(h):
     assert as_text["tokens"][0] != token
     for bad in ([[1]], {"x": "y"}, [[10 ** 9, -1]], 5):
         assert h.post("/completion", json={"prompt": PROMPT, "logit_bias": bad}).status_code == 400
+
+
+def test_ignore_eos_shows_in_generation_settings(h):
+    """llama.cpp's test_ignore_eos: the end-of-generation tokens get a -inf bias, reported as null."""
+    eog = _native(h, prompt=PROMPT, n_predict=2, ignore_eos=True)["generation_settings"]["logit_bias"]
+    assert eog and all(e["bias"] is None for e in eog)
+    eos = h.post("/tokenize", json={"content": "<|im_end|>", "parse_special": True}).json()["tokens"]
+    assert eos[0] in [e["token"] for e in eog]
+    assert _native(h, prompt=PROMPT, n_predict=2)["generation_settings"]["logit_bias"] == []

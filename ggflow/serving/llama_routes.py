@@ -179,7 +179,9 @@ def generation_settings(body: NativeCompletionBody, sampling: SamplingParams, n_
     settings = {k: v for k, v in dataclasses.asdict(sampling).items() if isinstance(v, (int, float, str, bool))}
     settings.update(n_predict=-1 if n_predict is None else n_predict, stop=body.stops(), n_probs=body.n_probs,
                     stream=body.stream, cache_prompt=body.cache_prompt, post_sampling_probs=body.post_sampling_probs,
-                    seed=0xFFFFFFFF if sampling.seed is None else sampling.seed)
+                    seed=0xFFFFFFFF if sampling.seed is None else sampling.seed,
+                    logit_bias=[{"token": int(t), "bias": b if math.isfinite(b) else None}   # null: -inf
+                                for t, b in (sampling.logit_bias or {}).items()])
     return settings
 
 
@@ -202,6 +204,7 @@ class NativeShape:
 
     def __init__(self, vocab: Any, model: str, body: NativeCompletionBody, tokens: list[int], index: int):
         self.vocab, self.model, self.body, self.tokens, self.index = vocab, model, body, tokens, index
+        self.sampling = body.sampling(vocab.special.eog)
 
     def final(self, c: Completion, streamed: bool) -> dict[str, Any]:
         kind, word = stop_type(self.vocab, c, self.body.stops())
@@ -210,7 +213,7 @@ class NativeShape:
         res = {"index": self.index, "content": "" if streamed else c.text, "tokens": tokens, "id_slot": self.body.id_slot,
                "stop": True, "model": self.model, "tokens_predicted": len(c.tokens),
                "tokens_evaluated": len(c.prompt_tokens),
-               "generation_settings": generation_settings(self.body, self.body.sampling(), n_predict),
+               "generation_settings": generation_settings(self.body, self.sampling, n_predict),
                "prompt": self.vocab.detokenize(self.tokens, unparse_special=True), "has_new_line": "\n" in c.text,
                "truncated": c.context_full, "stop_type": kind, "stopping_word": word,
                "tokens_cached": len(c.prompt_tokens) + len(c.tokens), "timings": timings_json(c)}
