@@ -30,7 +30,7 @@ ROUTES = {  # route -> (a good body, the error shape: "openai" or "anthropic")
     "/slots/0?action=restore": ({"filename": "ok.bin"}, "openai"),
 }
 EXTRA_FIELDS = {"/completion": ["n_probs", "response_fields", "id_slot", "post_sampling_probs", "return_tokens",
-                                "multimodal_data", "stop", "stream"],
+                                "multimodal_data", "stop", "stream", "logit_bias", "ignore_eos"],
                 "/infill": ["input_extra", "prompt", "input_prefix"],
                 "/apply-template": ["tools", "chat_template_kwargs", "add_generation_prompt"],
                 "/v1/messages": ["system", "stop_sequences", "tools", "tool_choice", "thinking", "metadata",
