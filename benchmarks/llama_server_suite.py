@@ -120,6 +120,7 @@ def main() -> int:
     ap.add_argument("--server", default=str(SHIM), help="the server binary (default: the ggflow shim)")
     ap.add_argument("--file-timeout", type=float, default=1800, help="seconds per test file")
     ap.add_argument("-k", dest="keyword", help="pytest's -k")
+    ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -136,6 +137,11 @@ def main() -> int:
         print(f"{name:32} {c['passed']:6} {c['failed']:6} {c['errors']:6} {c['skipped']:7}  {total}"
               + ("  (timed out)" if c["timed_out"] else ""), flush=True)
     print(f"logs and junit reports: {log_dir}")
+    if args.markdown:
+        print("\n| file | passed / total (skipped) |\n|---|---|")
+        for name, c, total in rows:
+            print(f"| {name} | {c['passed']} / {total}" + (f" ({c['skipped']})" if c["skipped"] else "")
+                  + (" (timed out)" if c["timed_out"] else "") + " |")
     return 0
 
 
