@@ -100,8 +100,8 @@ def ggflow_argv(argv: list[str], known: set[str]) -> list[str]:
     for flag in VALUE_FLAGS:
         key = flag.lstrip("-").replace("-", "_")
         for value in given.get(key, []):
-            if flag in IGNORED:
-                continue
+            if flag in IGNORED or (flag == "--n-predict" and value.lstrip("-").isdigit() and int(value) < 0):
+                continue   # n_predict -1 is llama-server's "no cap": ggflow serve's default
             if flag in RENAMED:
                 out += [RENAMED[flag], value]
             elif flag in known:

@@ -52,3 +52,8 @@ def test_the_shim_exits_3_naming_why():
                         "ggml-org/models", "--hf-file", "bert-bge-small/ggml-model-f16.gguf"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 3 and "bert-bge-small: no offline copy" in r.stderr
+
+
+def test_n_predict_minus_one_is_no_cap():
+    args = shim.ggflow_argv(["--n-predict", "-1", "--ctx-size", "64"], shim._ggflow_serve_flags())
+    assert args == ["-c", "64"]
