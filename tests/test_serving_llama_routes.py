@@ -102,6 +102,7 @@ def test_completion_stream_pieces_then_final(h):
     assert "".join(c["content"] for c in chunks) == whole["content"]
     assert chunks[-1]["stop_type"] == "limit" and chunks[-1]["timings"]["predicted_n"] == 6
     assert all(len(c["completion_probabilities"]) == 1 for c in chunks[:-1] if c["content"])
+    assert all(len(c["tokens"]) == 1 for c in chunks[:-1])   # llama.cpp's test_completion_stream
 
 
 def test_completion_response_fields(h):

@@ -222,7 +222,7 @@ class NativeShape:
         return nested_fields(self.body.response_fields, res) if self.body.response_fields else res
 
     def partial(self, p: Piece, n_decoded: int) -> dict[str, Any]:
-        res = {"index": self.index, "content": p.text, "tokens": [p.token] if self.body.return_tokens else [],
+        res = {"index": self.index, "content": p.text, "tokens": [p.token],   # a partial always has its token
                "stop": False, "id_slot": self.body.id_slot, "tokens_predicted": n_decoded,
                "tokens_evaluated": len(self.tokens)}
         if self.body.n_probs > 0 and p.logprob is not None:
