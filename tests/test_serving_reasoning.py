@@ -99,3 +99,17 @@ def test_reasoning_budget_zero_drops_the_thinking(h):
 def test_bad_reasoning_fields_are_400(h, extra, words):
     r = h.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4, **extra})
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_server_reasoning_switch_sets_the_template_variable():
+    from ggflow.serving.reasoning import ReasoningOptions
+
+    class Body:
+        reasoning_format = reasoning_budget = None
+
+    assert ReasoningOptions.for_request(Body(), "auto", "off").template_kwargs({}) == {"enable_thinking": False}
+    assert ReasoningOptions.for_request(Body(), "auto", "on").template_kwargs({}) == {"enable_thinking": True}
+    assert ReasoningOptions.for_request(Body(), "auto", "auto").template_kwargs({}) == {}
+    assert ReasoningOptions.for_request(Body(), "auto", "off").keep is False   # off also drops reasoning
+    given = {"enable_thinking": True}   # a request's own kwargs win
+    assert ReasoningOptions.for_request(Body(), "auto", "off").template_kwargs(given) == given

@@ -70,6 +70,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--reasoning-format", default="auto", choices=["none", "auto", "deepseek", "deepseek-legacy"],
                         help="chat replies' <think>...</think> goes to reasoning_content (auto, deepseek) or stays in "
                              "the content (none); a request's reasoning_format overrides it (default auto)")
+    parser.add_argument("--reasoning", default="auto", choices=["on", "off", "auto"],
+                        help="thinking models: on renders with enable_thinking true, off with false and drops "
+                             "reasoning (a request's reasoning_budget overrides it); auto: the template's default")
     parser.add_argument("--chat-template-file", default=None,
                         help="a Jinja chat template file to use instead of the model's tokenizer.chat_template")
     parser.add_argument("--slot-save-path", default=None,
@@ -111,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         return run_cli(args, path, backend_names(args.backend))
     state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key, limits=limits,
                         reasoning_format=args.reasoning_format, slot_save_path=args.slot_save_path,
-                        chat_template_file=args.chat_template_file)
+                        chat_template_file=args.chat_template_file, reasoning=args.reasoning)
     if args.chat_template_file is not None:
         from ggflow.serving.llama_routes import read_template_file
         read_template_file(args.chat_template_file)   # a missing or unreadable file stops the start

@@ -54,6 +54,7 @@ class ServerState:
     load_error: str | None = None
     limits: ServerLimits = field(default_factory=ServerLimits)
     reasoning_format: str = "auto"       # --reasoning-format: a chat request's default (serving/reasoning.py)
+    reasoning: str = "auto"              # --reasoning on / off / auto: thinking by default, or not
     slot_save_path: str | None = None    # --slot-save-path: where /slots/{id}?action=save|restore keep files
     chat_template_file: str | None = None   # --chat-template-file: a Jinja template instead of the GGUF's
     created: int = field(default_factory=lambda: int(time.time()))
@@ -204,7 +205,7 @@ def create_app(state: ServerState) -> FastAPI:
                 raise GGFlowError("a request with tools cannot also set grammar, json_schema or response_format")
             grammar = grammar or tool_grammar
             messages = tools.messages(messages)
-        reasoning = ReasoningOptions.for_request(body, state.reasoning_format)
+        reasoning = ReasoningOptions.for_request(body, state.reasoning_format, state.reasoning)
         kwargs = reasoning.template_kwargs(body.chat_template_kwargs)
         tokens = chat_prompt_tokens(template, engine.vocab, messages, tools=body.tools, **kwargs)
         reasoning.in_think = prompt_opens_thinking(engine.vocab.detokenize(tokens[-8:], unparse_special=True))

@@ -107,8 +107,10 @@ class ReasoningOptions:
     """A chat request's reasoning handling: its format (or the server's), its budget, and whether the
     rendered prompt opened a think block."""
 
-    def __init__(self, fmt: str, budget: int | None, in_think: bool = False):
-        self.format = fmt
+    def __init__(self, fmt: str, budget: int | None, in_think: bool = False, thinking: str = "auto"):
+        self.format, self.thinking = fmt, thinking   # thinking: the server's --reasoning on / off / auto
+        if budget is None and thinking == "off":
+            budget = 0
         if budget is not None and budget not in (-1, 0):
             raise GGFlowError(f"reasoning_budget must be -1 (unlimited) or 0 (no thinking); got {budget}: "
                               f"a token budget for thinking is not supported")
@@ -116,9 +118,9 @@ class ReasoningOptions:
         self.in_think = in_think
 
     @classmethod
-    def for_request(cls, body: Any, server_default: str) -> "ReasoningOptions":
+    def for_request(cls, body: Any, server_default: str, thinking: str = "auto") -> "ReasoningOptions":
         return cls(check_format(getattr(body, "reasoning_format", None), server_default),
-                   getattr(body, "reasoning_budget", None))
+                   getattr(body, "reasoning_budget", None), thinking=thinking)
 
     def template_kwargs(self, given: dict[str, Any] | None) -> dict[str, Any]:
         """chat_template_kwargs, with enable_thinking false when thinking is disabled."""
@@ -128,6 +130,8 @@ class ReasoningOptions:
             raise GGFlowError(f"chat_template_kwargs cannot set {', '.join(sorted(reserved))}")
         if not self.keep:
             kwargs.setdefault("enable_thinking", False)
+        elif self.thinking == "on":
+            kwargs.setdefault("enable_thinking", True)
         return kwargs
 
     @property
