@@ -77,6 +77,16 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--alias", default=None, help="model name the API reports (default: the file name)")
     serve_models.add_options(parser)
     add_lora_arguments(parser)
+    parser.add_argument("--reasoning-format", default="auto", choices=["none", "auto", "deepseek", "deepseek-legacy"],
+                        help="chat replies' <think>...</think> goes to reasoning_content (auto, deepseek) or stays in "
+                             "the content (none); a request's reasoning_format overrides it (default auto)")
+    parser.add_argument("--reasoning", default="auto", choices=["on", "off", "auto"],
+                        help="thinking models: on renders with enable_thinking true, off with false and drops "
+                             "reasoning (a request's reasoning_budget overrides it); auto: the template's default")
+    parser.add_argument("--chat-template-file", default=None,
+                        help="a Jinja chat template file to use instead of the model's tokenizer.chat_template")
+    parser.add_argument("--slot-save-path", default=None,
+                        help="folder for /slots/{id}?action=save|restore files (default: slot saving is off)")
     ray = parser.add_argument_group("Ray Serve (pip install 'ggflow[ray]'; see docs/scale-out.md)")
     ray.add_argument("--ray", action="store_true", help="serve as Ray Serve replicas with prefix-aware routing")
     ray.add_argument("--replicas", type=int, default=1, help="model replicas, each with -np slots (default 1)")
@@ -125,7 +135,12 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         from ggflow.serving.ray_serve import run_cli
         return run_cli(args, path, backend_names(args.backend))
-    state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key, limits=limits)
+    state = ServerState(model_name=args.alias or os.path.basename(path), api_key=args.api_key, limits=limits,
+                        reasoning_format=args.reasoning_format, slot_save_path=args.slot_save_path,
+                        chat_template_file=args.chat_template_file, reasoning=args.reasoning)
+    if args.chat_template_file is not None:
+        from ggflow.serving.llama_routes import read_template_file
+        read_template_file(args.chat_template_file)   # a missing or unreadable file stops the start
 
     def load() -> None:  # /health answers 503 until this is done
         try:

@@ -127,6 +127,9 @@ class Engine:
     def prepare(self, request: Request) -> None:
         """Check a request and build its sampler chains (its siblings' too) in the caller's thread: bad options
         are the caller's error, not the engine's."""
+        if not -1 <= request.id_slot < len(self.slots) or (request.id_slot >= 0 and request.siblings):
+            raise GGFlowError(f"id_slot {request.id_slot}: the slots are 0..{len(self.slots) - 1} (-1: any), "
+                              f"for one choice")
         if request.siblings and 1 + len(request.siblings) > len(self.slots):
             raise GGFlowError(f"n={1 + len(request.siblings)} choices need as many slots; this engine has "
                               f"{len(self.slots)} (ggflow serve -np)")
@@ -302,12 +305,18 @@ class Engine:
                 if 1 + len(request.siblings) > len(idle) and not request.cancelled:
                     self._n_idle = 0        # n choices start together: wait for that many idle slots
                     return
+                candidates = idle
+                if request.id_slot >= 0 and not request.cancelled:   # a pinned request waits for its slot
+                    candidates = [s for s in idle if s.id == request.id_slot]
+                    if not candidates:
+                        self._n_idle = 0
+                        return
                 self._waiting.remove(request)
                 self._n_idle = len(idle) - (0 if request.cancelled else 1 + len(request.siblings))
             if request.cancelled:
                 continue
             mix = mix_for(self.ctx, request)   # its LoRA mix: cached cells are shared only among the same (lora_slots.py)
-            slot, reuse = self._prefixes.place(idle, request, lambda s: holds_mix(self.ctx, s, mix))
+            slot, reuse = self._prefixes.place(candidates, request, lambda s: holds_mix(self.ctx, s, mix))
             take_mix(self.ctx, slot, mix)
             slot.assign(request, reuse, self.vocab)
             others = sorted((s for s in idle if s is not slot), key=lambda s: s.t_last_used)

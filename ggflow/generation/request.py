@@ -66,6 +66,7 @@ class Request:
     stopping_criteria: Sequence[Callable] = ()  # (token_ids, logits) -> bool: True ends with "stop"
     siblings: Sequence["Request"] = ()         # n > 1: choices that continue from this one's evaluated prompt
     lora: "dict[int, float] | None" = None     # LoRA adapter id -> scale, the others 0 (None: the default mix)
+    id_slot: int = -1                          # llama-server's id_slot: decode in this slot only (waits for it)
     id: int = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self):

@@ -35,6 +35,11 @@ from ggflow.serving.openai_params import (ChatCompletionBody, CompletionBody, De
 from ggflow.serving.prometheus import metrics_text
 from ggflow.serving.lora import add_lora_routes
 from ggflow.serving.rerank import add_rerank_routes
+from ggflow.serving.llama_routes import (add_llama_routes, props_generation_settings, slot_file_action,
+                                         tokenize_with_pieces)
+from ggflow.serving.anthropic import add_anthropic_routes
+from ggflow.serving.responses_api import add_responses_routes
+from ggflow.serving.reasoning import ReasoningOptions, prompt_opens_thinking
 from ggflow.serving.generation import generate
 from ggflow.serving.offload import SMALL_BODY_BYTES, off_loop
 from ggflow.serving.limits import BodyLimits, BodyTimeoutError, BodyTooLargeError, ServerLimits
@@ -52,6 +57,10 @@ class ServerState:
     engine: Engine | None = None
     load_error: str | None = None
     limits: ServerLimits = field(default_factory=ServerLimits)
+    reasoning_format: str = "auto"       # --reasoning-format: a chat request's default (serving/reasoning.py)
+    reasoning: str = "auto"              # --reasoning on / off / auto: thinking by default, or not
+    slot_save_path: str | None = None    # --slot-save-path: where /slots/{id}?action=save|restore keep files
+    chat_template_file: str | None = None   # --chat-template-file: a Jinja template instead of the GGUF's
     created: int = field(default_factory=lambda: int(time.time()))
     _template: Any = None
 
@@ -59,7 +68,11 @@ class ServerState:
         if self._template is None:
             from ggflow.core.chat_template import ChatTemplate
             model = self.ready().ctx.model
-            self._template = ChatTemplate.for_vocab(model.metadata.get("tokenizer.chat_template"), model.vocab)
+            source = model.metadata.get("tokenizer.chat_template")
+            if self.chat_template_file is not None:
+                from ggflow.serving.llama_routes import read_template_file
+                source = read_template_file(self.chat_template_file)
+            self._template = ChatTemplate.for_vocab(source, model.vocab)
         return self._template
 
     def ready(self) -> Engine:
@@ -114,7 +127,8 @@ def create_app(state: ServerState) -> FastAPI:
         return {"model_alias": state.model_name, "model_path": engine.ctx.model.path, "total_slots": len(engine.slots),
                 "n_ctx": engine.n_ctx, "n_batch": engine.n_batch, "max_queue": engine.max_queue,
                 "chat_template": state.chat_template().source,
-                "default_generation_settings": dataclasses.asdict(SamplingParams())}
+                "default_generation_settings": {**dataclasses.asdict(SamplingParams()),
+                                                **props_generation_settings(engine)}}
 
     @app.get("/metrics")
     async def metrics():
@@ -126,9 +140,11 @@ def create_app(state: ServerState) -> FastAPI:
         return state.ready().slots_snapshot()
 
     @app.post("/slots/{slot_id}")
-    async def slot_action(slot_id: int, action: str = ""):
+    async def slot_action(http: HTTPRequest, slot_id: int, action: str = ""):
+        if action in ("save", "restore"):
+            return await slot_file_action(http, state, slot_id, action)
         if action != "erase":
-            raise GGFlowError(f"unknown slot action {action!r}: ggflow supports ?action=erase")
+            raise GGFlowError(f"unknown slot action {action!r}: ggflow supports ?action=save, restore or erase")
         n = await asyncio.wrap_future(state.ready().erase_slot(slot_id))
         return {"id_slot": slot_id, "n_erased": n}
 
@@ -139,7 +155,7 @@ def create_app(state: ServerState) -> FastAPI:
 
         def answer() -> bytes:   # tokens and their JSON (FastAPI's encoder walks a list item by item) off the loop
             tokens = vocab.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
-            return json.dumps({"tokens": tokens}).encode()
+            return json.dumps({"tokens": tokenize_with_pieces(vocab, tokens) if body.with_pieces else tokens}).encode()
         return Response(await off_loop(answer), media_type="application/json")
 
     @app.post("/detokenize")
@@ -187,6 +203,9 @@ def create_app(state: ServerState) -> FastAPI:
         body = await _parse(http, ChatCompletionBody)
         engine = state.ready()
 
+        reasoning = ReasoningOptions.for_request(body, state.reasoning_format, state.reasoning)
+        kwargs = reasoning.template_kwargs(body.chat_template_kwargs)
+
         def prompt() -> tuple[Any, Any, list[int]]:   # template, grammar, tokens: off the event loop
             template = state.chat_template()
             tools = ToolCalling.for_request(body.tools, body.tool_choice, body.parallel_tool_calls, template.source)
@@ -198,15 +217,19 @@ def create_app(state: ServerState) -> FastAPI:
                     raise GGFlowError("a request with tools cannot also set grammar, json_schema or response_format")
                 grammar = grammar or tool_grammar
                 messages = tools.messages(messages)
-            return tools, grammar, chat_prompt_tokens(template, engine.vocab, messages, tools=body.tools)
+            return tools, grammar, chat_prompt_tokens(template, engine.vocab, messages, tools=body.tools, **kwargs)
         tools, grammar, tokens = await off_loop(prompt)
+        reasoning.in_think = prompt_opens_thinking(engine.vocab.detokenize(tokens[-8:], unparse_special=True))
         body = _capped(body, engine.n_ctx, state.limits, engine.n_ctx)
         return await generate(http, engine, body, tokens, ResponseIds(True, state.model_name), engine.n_ctx,
-                              grammar=grammar, tools=tools)
+                              grammar=grammar, tools=tools, reasoning=reasoning if reasoning.active else None)
 
     add_rerank_routes(app, state, _parse)
     add_chat_page(app)
     add_lora_routes(app, state)
+    add_llama_routes(app, state, _parse)
+    add_anthropic_routes(app, state, _parse)
+    add_responses_routes(app, state, _parse)
     return app
 
 

@@ -19,6 +19,7 @@ from ggflow.generation.engine import Engine
 from ggflow.generation.records import Completion
 from ggflow.generation.request import Done, Piece, Request
 from ggflow.serving.rerank import check_can_generate
+from ggflow.serving.reasoning import reasoning_chunk
 from ggflow.serving.handoff import Mailbox
 from ggflow.serving.lora import request_mix
 from ggflow.serving.offload import off_loop
@@ -30,6 +31,7 @@ from ggflow.structured.chat_tools import FINISH_TOOL_CALLS
 if TYPE_CHECKING:
     from ggflow.structured import Grammar
     from ggflow.structured.chat_tools import ToolCalling
+    from ggflow.serving.reasoning import ReasoningOptions
 
 DISCONNECT_POLL_S = 0.5              # how often a waiting non-streamed request checks for its client
 
@@ -60,7 +62,8 @@ class _Events:
 
 async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, tokens: list[int],
                    ids: ResponseIds, default_max_tokens: int, grammar: "Grammar | None" = None,
-                   tools: "ToolCalling | None" = None, prompt_text: str | None = None) -> Any:
+                   tools: "ToolCalling | None" = None, prompt_text: str | None = None,
+                   reasoning: "ReasoningOptions | None" = None) -> Any:
     """Submit the request; answer with the whole completion, or stream it (body.stream). ``grammar``
     constrains the output; ``tools`` turns a chat reply's tool-call syntax into OpenAI tool_calls;
     ``prompt_text`` is what ``echo`` repeats. ``n`` > 1 choices continue from one evaluation of the prompt."""
@@ -81,7 +84,7 @@ async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, toke
         requests[0].cancel()
         raise
     if body.stream:
-        return StreamingResponse(_sse(events[0], requests[0], ids, body.include_usage, tools, shape),
+        return StreamingResponse(_sse(events[0], requests[0], ids, body.include_usage, tools, shape, reasoning),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     done: list[Done] = []
@@ -97,8 +100,14 @@ async def generate(http: HTTPRequest, engine: Engine, body: GenerationBody, toke
         if len(done) < len(requests):   # the handler was cancelled or failed: nobody will read the results
             for r in requests:
                 r.cancel()
-    out = full_response(ids, [d.completion for d in done], tools, shape)
-    for choice, r in zip(out["choices"], requests):
+    completions = [d.completion for d in done]
+    splits = [reasoning.split(c.text) for c in completions] if reasoning is not None else None
+    if splits is not None:   # <think> text out of the content, before tool calls
+        completions = [dataclasses.replace(c, text=s[1]) for c, s in zip(completions, splits)]
+    out = full_response(ids, completions, tools, shape)
+    for k, (choice, r) in enumerate(zip(out["choices"], requests)):
+        if splits is not None and splits[k][0]:
+            choice["message"]["reasoning_content"] = splits[k][0]
         if r.evicted:   # "length" because the shared KV cache was full, not because of max_tokens or n_ctx
             choice["evicted"] = True
     return out
@@ -149,7 +158,8 @@ def _closing_lines(ids: ResponseIds, done: Completion, include_usage: bool, call
 
 
 async def _sse(events: _Events, request: Request, ids: ResponseIds, include_usage: bool,
-               tools: "ToolCalling | None", shape: ChoiceShape) -> AsyncIterator[str]:
+               tools: "ToolCalling | None", shape: ChoiceShape,
+               reasoning: "ReasoningOptions | None" = None) -> AsyncIterator[str]:
     """Server-sent events: one chunk per piece of text, the finishing chunk, usage if asked, [DONE].
 
     If the client goes away, Starlette cancels this generator: ``finally`` cancels the request, and the
@@ -157,6 +167,7 @@ async def _sse(events: _Events, request: Request, ids: ResponseIds, include_usag
     """
     done: Completion | None = None
     calls = tools.stream() if tools is not None else None   # holds back what may be a tool call
+    thoughts = reasoning.splitter() if reasoning is not None else None   # <think> text: reasoning_content
     try:
         first, ended = True, False
         if shape.echo is not None:
@@ -165,7 +176,13 @@ async def _sse(events: _Events, request: Request, ids: ResponseIds, include_usag
             lines: list[str] = []          # one write for all that arrived together (several tokens, the end)
             for event in await events.next_events():
                 if isinstance(event, Piece):
-                    text = calls.feed(event.text) if calls is not None else event.text
+                    text = event.text
+                    if thoughts is not None:
+                        thought, text = thoughts.feed(text)
+                        if thought:
+                            lines.append(_sse_line(reasoning_chunk(ids, thought, first)))
+                            first = False
+                    text = calls.feed(text) if calls is not None else text
                     lp = shape.piece_logprobs(event, ids.chat)
                     if text or first or lp is not None:
                         lines.append(_sse_line(chunk(ids, text, first=first, logprobs=lp)))
@@ -176,6 +193,13 @@ async def _sse(events: _Events, request: Request, ids: ResponseIds, include_usag
                     lines.append(_sse_line(error_body(event.error, "server_error", 500)))
                     break
                 done = event.completion
+                if thoughts is not None:
+                    thought, rest = thoughts.finish()
+                    if thought:
+                        lines.append(_sse_line(reasoning_chunk(ids, thought, first)))
+                    rest = calls.feed(rest) if calls is not None and rest else rest
+                    if rest:
+                        lines.append(_sse_line(chunk(ids, rest)))
                 lines.extend(_closing_lines(ids, done, include_usage, calls, shape, request.evicted))
                 break
             if ended:

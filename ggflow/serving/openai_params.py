@@ -132,6 +132,9 @@ class ChatCompletionBody(GenerationBody):
     parallel_tool_calls: bool = True
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    reasoning_format: str | None = None        # llama-server's: none / auto / deepseek (serving/reasoning.py)
+    reasoning_budget: int | None = None        # -1 unlimited, 0 no thinking
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def top_logprobs_count(self, n_vocab: int) -> int | None:
         """OpenAI's pair: logprobs true asks for them, top_logprobs for that many alternatives too."""
@@ -160,6 +163,7 @@ class TokenizeBody(_Strict):
     content: str
     add_special: bool = False
     parse_special: bool = True
+    with_pieces: bool = False
 
 
 class EmbeddingBody(_Strict):
