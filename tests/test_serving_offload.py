@@ -20,6 +20,7 @@ pytest.importorskip("fastapi", reason="ggflow serve's app is FastAPI (the server
 from ggflow.api import default_model_path  # noqa: E402
 from ggflow.serving.app import ServerState  # noqa: E402
 from ggflow.serving.engine import Engine  # noqa: E402
+from ggflow.serving.limits import ServerLimits  # noqa: E402
 from tests.fixtures.default_model import needs_model  # noqa: E402
 from tests.test_serving_http import serving  # noqa: E402
 
@@ -31,7 +32,8 @@ CONTENT = "word salad " * 40000          # 440 KB of text: a second or more of t
 def server():
     engine = Engine.load(default_model_path(), n_ctx=256, n_slots=1, n_threads=1)
     engine.start()
-    with serving(ServerState(model_name="smollm2", engine=engine)) as url:
+    limits = ServerLimits(max_body_bytes=32 << 20)   # room for the larger bodies a fast machine needs
+    with serving(ServerState(model_name="smollm2", engine=engine, limits=limits)) as url:
         yield url
 
 
