@@ -38,9 +38,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(cmd: list[str], port: int, name: str, log_dir: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start(cmd: list[str], port: int, name: str, log_dir: str, env: dict[str, str] | None = None,
+          cwd: str | None = None) -> subprocess.Popen:
     log = open(os.path.join(log_dir, f"{name}.log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     deadline = time.monotonic() + 600
     with httpx.Client(timeout=5) as h:
         while time.monotonic() < deadline:
@@ -120,17 +121,19 @@ def main() -> int:
     log_dir = os.environ.get("BENCH_LOG_DIR", "/tmp")
     servers: dict[str, tuple[str, subprocess.Popen]] = {}
     try:
-        def ggflow_serve(name: str, env: dict[str, str] | None = None) -> None:
+        def ggflow_serve(name: str, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
             port = free_port()
             servers[name] = (f"http://127.0.0.1:{port}", start(
-                [sys.executable, "-m", "ggflow.cli", "serve", "-m", model, "--port", str(port),
+                [sys.executable, "-m", "ggflow.cli", "serve", "-m", os.path.abspath(model), "--port", str(port),
                  "-np", str(args.parallel), "-c", str(args.ctx_size), "-t", str(args.threads)], port, name, log_dir,
-                env or CALLER_ENV))
+                env or CALLER_ENV, cwd))
 
         ggflow_serve("ggflow")
         if os.environ.get("GGFLOW_BASELINE"):   # the same server from another checkout (before/after a change)
             baseline = os.path.abspath(os.environ["GGFLOW_BASELINE"])
-            ggflow_serve("ggflow-baseline", {**CALLER_ENV, "PYTHONPATH": baseline})
+            # run from its folder: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH,
+            # so a baseline started from this checkout would import this checkout's ggflow
+            ggflow_serve("ggflow-baseline", {**CALLER_ENV, "PYTHONPATH": baseline}, cwd=baseline)
         if os.environ.get("LLAMA_SERVER"):
             port = free_port()
             servers["llama-server"] = (f"http://127.0.0.1:{port}", start(
