@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ggflow.core.sampling import Sampler, SamplerChain, make_sampler
+from ggflow.core.sampler_chain import Sampler, SamplerChain, make_sampler
 from ggflow.core.sampling_stages import STAGE_ALIASES as _STAGE_ALIASES, sampler_stages
 from ggflow.errors import GGFlowError
 
