@@ -58,20 +58,23 @@ def tables(grid_size: int = 256) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @njit(cache=True, fastmath=False)
-def _best_neighbour(neighbours, start, grid, xval, waux, scale, L):
+def best_neighbour(neighbours, start, grid, xval, waux, scale, L):
+    """iq2/iq3_find_best_neighbour: the listed grid point nearest xval (weights waux) at `scale`, over a group of
+    grid.shape[1] elements (8 for IQ2, 4 for IQ3); L gets its levels."""
+    width = grid.shape[1]
     n = neighbours[start]
     best_d2 = f32(3.4028234663852886e38)
     grid_index = -1
     for j in range(1, n + 1):
         g = neighbours[start + j]
         d2 = f32(0.0)
-        for i in range(8):
+        for i in range(width):
             diff = scale * f32(grid[g, i]) - xval[i]
             d2 += waux[i] * diff * diff
         if d2 < best_d2:
             best_d2 = d2
             grid_index = g
-    for i in range(8):
+    for i in range(width):
         L[i] = (grid[grid_index, i] - 1) // 2
     return grid_index
 
@@ -86,7 +89,8 @@ def _lattice8(xval, id_, k, kmax):
 
 
 @njit(cache=True, fastmath=False)
-def _sums(weight, xval, L):
+def level_sums(weight, xval, L):
+    """The weighted sums of a 32-element block at levels L (value 2 L + 1): sum w x q and sum w q^2."""
     sumqx = f32(0.0)
     sumq2 = f32(0.0)
     for i in range(32):
@@ -175,9 +179,9 @@ def quantize_iq2_xxs(blocks, qw, grid, kmap, neighbours, out):
                     for i in range(8):
                         Laux[8 * k + i] = (u >> (2 * i)) & 3
                     if kmap[u] < 0:
-                        _best_neighbour(neighbours, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
+                        best_neighbour(neighbours, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
                                         this_scale, Laux[8 * k:8 * k + 8])
-                sumqx, sumq2 = _sums(weight, xval, Laux)
+                sumqx, sumq2 = level_sums(weight, xval, Laux)
                 if sumq2 > 0 and sumqx * sumqx > best * sumq2:
                     scale = sumqx / sumq2
                     best = scale * sumqx
@@ -188,11 +192,11 @@ def quantize_iq2_xxs(blocks, qw, grid, kmap, neighbours, out):
                     u = _lattice8(xval, id_, k, kmax)
                     g = kmap[u]
                     if g < 0:
-                        g = _best_neighbour(neighbours, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8],
+                        g = best_neighbour(neighbours, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8],
                                             waux[8 * k:8 * k + 8], scale, L[8 * k:8 * k + 8])
                     for i in range(8):
                         L[8 * k + i] = (grid[g, i] - 1) // 2
-                sumqx, sumq2 = _sums(weight, xval, L)
+                sumqx, sumq2 = level_sums(weight, xval, L)
                 if sumq2 > 0:
                     scale = sumqx / sumq2
             if scale < 0:
@@ -274,7 +278,7 @@ def _iq2_16(blocks, qw, has_qw, grid, kmap, neighbours, out, is_s):
                     on_grid_aux[k] = True
                     if kmap[u] < 0:
                         on_grid_aux[k] = False
-                        _best_neighbour(neighbours, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
+                        best_neighbour(neighbours, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
                                         this_scale, Laux[8 * k:8 * k + 8])
                 sumqx = f32(0.0)
                 sumq2 = f32(0.0)
@@ -297,7 +301,7 @@ def _iq2_16(blocks, qw, has_qw, grid, kmap, neighbours, out, is_s):
                     for i in range(8):
                         L[8 * k + i] = (u >> (2 * i)) & 3
                     if kmap[u] < 0:
-                        _best_neighbour(neighbours, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
+                        best_neighbour(neighbours, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
                                         scale, L[8 * k:8 * k + 8])
                 sumqx = f32(0.0)
                 sumq2 = f32(0.0)

@@ -16,7 +16,7 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
-from ggflow.quant_builtin._iq2_encoder import split_signs
+from ggflow.quant_builtin._iq2_encoder import best_neighbour, level_sums, split_signs
 from ggflow.quant_builtin._iq_grids import IQ3S_GRID, IQ3XXS_GRID
 from ggflow.quant_builtin._kquant_encoders import nearest_int, round_to_fp16
 
@@ -49,38 +49,6 @@ def tables(grid_size: int = 512) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         kmap[u] = -(len(neighbours) + 1)
         neighbours += [len(take), *take.tolist()]
     return grid, kmap, np.array(neighbours, np.uint16)
-
-
-@njit(cache=True, fastmath=False)
-def _best_neighbour(neighbours, start, grid, xval, waux, scale, L):
-    """iq3_find_best_neighbour: the listed grid point nearest xval (weights waux) at `scale`; L gets its levels."""
-    n = neighbours[start]
-    best_d2 = f32(3.4028234663852886e38)
-    grid_index = -1
-    for j in range(1, n + 1):
-        g = neighbours[start + j]
-        d2 = f32(0.0)
-        for i in range(4):
-            diff = scale * f32(grid[g, i]) - xval[i]
-            d2 += waux[i] * diff * diff
-        if d2 < best_d2:
-            best_d2 = d2
-            grid_index = g
-    for i in range(4):
-        L[i] = (grid[grid_index, i] - 1) // 2
-    return grid_index
-
-
-@njit(cache=True, fastmath=False)
-def _sums(weight, xval, L):
-    sumqx = f32(0.0)
-    sumq2 = f32(0.0)
-    for i in range(32):
-        w = weight[i]
-        q = f32(2 * L[i] + 1)
-        sumqx += w * xval[i] * q
-        sumq2 += w * q * q
-    return sumqx, sumq2
 
 
 @njit(cache=True, fastmath=False)
@@ -147,9 +115,9 @@ def quantize_iq3_s(blocks, qw, has_qw, grid, kmap, neighbours, out):
                     on_grid_aux[k] = True
                     if kmap[u] < 0:
                         on_grid_aux[k] = False
-                        _best_neighbour(neighbours, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4], waux[4 * k:4 * k + 4],
+                        best_neighbour(neighbours, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4], waux[4 * k:4 * k + 4],
                                         this_scale, Laux[4 * k:4 * k + 4])
-                sumqx, sumq2 = _sums(weight, xval, Laux)
+                sumqx, sumq2 = level_sums(weight, xval, Laux)
                 if sumq2 > 0 and sumqx * sumqx > best * sumq2:
                     scale = sumqx / sumq2
                     best = scale * sumqx
@@ -165,11 +133,11 @@ def quantize_iq3_s(blocks, qw, has_qw, grid, kmap, neighbours, out):
                     u = _lattice(xval, id_, k)
                     g = kmap[u]
                     if g < 0:
-                        g = _best_neighbour(neighbours, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4],
+                        g = best_neighbour(neighbours, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4],
                                             waux[4 * k:4 * k + 4], scale, L[4 * k:4 * k + 4])
                     for i in range(4):
                         L[4 * k + i] = (grid[g, i] - 1) // 2
-                sumqx, sumq2 = _sums(weight, xval, L)
+                sumqx, sumq2 = level_sums(weight, xval, L)
                 if sumq2 > 0:
                     scale = sumqx / sumq2
             if scale < 0:
@@ -249,9 +217,9 @@ def quantize_iq3_xxs(blocks, qw, has_qw, grid, kmap, neighbours, out):
                     on_grid_aux[k] = True
                     if kmap[u] < 0:
                         on_grid_aux[k] = False
-                        _best_neighbour(neighbours, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4], waux[4 * k:4 * k + 4],
+                        best_neighbour(neighbours, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4], waux[4 * k:4 * k + 4],
                                         this_scale, Laux[4 * k:4 * k + 4])
-                sumqx, sumq2 = _sums(weight, xval, Laux)
+                sumqx, sumq2 = level_sums(weight, xval, Laux)
                 if sumq2 > 0 and sumqx * sumqx > best * sumq2:
                     scale = sumqx / sumq2
                     best = scale * sumqx
@@ -269,11 +237,11 @@ def quantize_iq3_xxs(blocks, qw, has_qw, grid, kmap, neighbours, out):
                     u = _lattice(xval, id_, k)
                     g = kmap[u]
                     if g < 0:
-                        g = _best_neighbour(neighbours, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4],
+                        g = best_neighbour(neighbours, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4],
                                             waux[4 * k:4 * k + 4], scale, L[4 * k:4 * k + 4])
                     for i in range(4):
                         L[4 * k + i] = (grid[g, i] - 1) // 2
-                sumqx, sumq2 = _sums(weight, xval, L)
+                sumqx, sumq2 = level_sums(weight, xval, L)
                 if sumq2 > 0:
                     scale = sumqx / sumq2
             if scale < 0:
