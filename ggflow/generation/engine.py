@@ -345,7 +345,7 @@ class Engine:
                 continue
             prompting = sum(len(s.prompt_left()) for s in busy if s.state is SlotState.PROMPT)
             short = min(self.n_batch - len(generating), prompting) - (free - 2 * len(generating))
-            if short > 0 and self._prefixes.evict_idle(short, self._forget_cache):
+            if short > 0 and self._prefixes.unified and self._drop_idle_caches(short):
                 continue                     # idle slots' prefixes made room for the prompts (LRU first)
             entries: list[Entry] = [(s, s.tokens_to_evaluate(1)) for s in generating]
             # prompt chunks leave room for the generating slots' next tokens, so a long prompt arriving
@@ -365,10 +365,8 @@ class Engine:
     def _make_room(self, n_cells: int) -> None:
         """Free n_cells: drop idle slots' caches (least recently used first), else shift (context_shift) or
         finish the largest slot."""
-        for s in sorted((s for s in self.slots if not s.is_busy and s.cache_tokens), key=lambda s: s.t_last_used):
-            n_cells -= self._forget_cache(s)
-            if n_cells <= 0:
-                return
+        if self._drop_idle_caches(n_cells) >= n_cells:
+            return
         if self.side.release_cells():   # an embedding's cells first: it starts that input again later
             return
         largest = max((s for s in self.slots if s.is_busy), key=lambda s: len(s.cache_tokens))
@@ -389,6 +387,16 @@ class Engine:
         except ContextFullError as exc:
             self._forget_cache(slot)
             self._record_finished(slot.finish(FINISH_LENGTH, context_full=True, exception=exc).timings)
+
+    def _drop_idle_caches(self, n_cells: int) -> int:
+        """Forget idle slots' cached tokens, least recently used first, until n_cells are freed; the cells freed
+        (cells another sequence still sees stay)."""
+        freed = 0
+        for s in sorted((s for s in self.slots if not s.is_busy and s.cache_tokens), key=lambda s: s.t_last_used):
+            if freed >= n_cells:
+                break
+            freed += self._forget_cache(s)
+        return freed
 
     def _forget_cache(self, slot: Slot) -> int:
         before = self.ctx.memory.n_used

@@ -14,8 +14,8 @@ The KV cells are not copied: the new slot's sequence is made to see the holder's
 and evaluates only the rest of its prompt. A cell is freed when no sequence sees it, so a holder that moves
 on keeps nothing alive that it alone used, and a sequence that diverges writes its own tokens to new cells
 (copy on write at cell granularity). Prefixes held by idle slots only are the unreferenced ones: they are
-dropped least recently used first when the prompts being evaluated need room (``evict_idle``, called by the
-engine's plan) or the generating slots do (``Engine._make_room``).
+dropped least recently used first when the prompts being evaluated need room (the engine's plan) or the
+generating slots do (``Engine._make_room``; both ``Engine._drop_idle_caches``).
 
 A request whose prompt shares more with a prompt still being evaluated by another slot than with anything
 cached waits in the queue until that slot has evaluated the shared part (``next_request``): 16 requests with
@@ -179,18 +179,6 @@ class PrefixSharing:
         if self.metrics is not None:
             self.metrics.update(prompt_tokens_shared_total=shared)
         return spare, shared
-
-    def evict_idle(self, n_cells: int, forget: Callable[[Slot], int]) -> bool:
-        """Drop idle slots' cached prefixes, least recently used first, until ``n_cells`` are freed (forget(slot)
-        drops one and says how many cells that freed: cells another sequence sees stay); whether any was freed."""
-        if not self.unified:
-            return False
-        freed = 0
-        for s in sorted((s for s in self.slots if not s.is_busy and s.cache_tokens), key=lambda s: s.t_last_used):
-            freed += forget(s)
-            if freed >= n_cells:
-                break
-        return freed > 0
 
     def _cut(self, slot: Slot, reuse: int) -> int:
         """Keep the first ``reuse`` cached tokens of the slot's sequence; how many it keeps."""

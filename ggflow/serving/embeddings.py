@@ -77,7 +77,7 @@ class EmbeddingJob(SideJob):
                                  f"({self.engine._cache_size()} cells)")
         room = min(n_tokens, n_free_cells)
         if room <= 0:
-            room = min(n_tokens, n_free_cells + self._drop_idle_caches(1 - n_free_cells))
+            room = min(n_tokens, n_free_cells + self.engine._drop_idle_caches(1 - n_free_cells))
         if room <= 0:   # the busy slots hold the cells: wait for them, for a while
             if not self.engine._any_busy() or time.monotonic() - self.t_waiting > WAIT_FOR_CELLS_S:
                 raise QueueFullError("the KV cache has no room for this input now: retry later")
@@ -116,16 +116,6 @@ class EmbeddingJob(SideJob):
         if self.n_released > MAX_RELEASES:
             super().abandon(QueueFullError("the KV cache is needed by the generating slots: retry later"))
         return n
-
-    def _drop_idle_caches(self, n_cells: int) -> int:
-        """Forget idle slots' cached prefixes, least recently used first, until n_cells are free; the cells freed."""
-        freed = 0
-        idle = [s for s in self.engine.slots if not s.is_busy and s.cache_tokens]
-        for s in sorted(idle, key=lambda s: s.t_last_used):
-            if freed >= n_cells:
-                break
-            freed += self.engine._forget_cache(s)
-        return freed
 
     def abandon(self, exc: BaseException) -> None:
         self._release()
