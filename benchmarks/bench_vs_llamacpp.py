@@ -6,7 +6,9 @@ every round; the ratio is ggflow / llama.cpp. Peak RSS: llama.cpp's is the child
 the kernel reports it at exit (wait4's rusage, the figure /usr/bin/time -v prints), ggflow's its own report.
     LLAMA_BENCH=path/to/llama-bench python benchmarks/bench_vs_llamacpp.py [MODEL.gguf ...]
         [--threads 1 2] [--rounds 3] [-r 3] [-p 64] [-n 32] [-d 0]
-With no model, the default one (ggflow.api.default_model_path()). ``PYTHONPATH=/other/checkout`` runs that
+With no model, the default one (ggflow.api.default_model_path()). ``--shape llama3-8b --types Q4_0 Q4_K_M``
+generates random-weight models of a real model's shape (make_shape_model.py, seeded) into ``--model-dir``
+(kept for later runs, never committed), quantized by llama-quantize (found next to llama-bench), and adds them. ``PYTHONPATH=/other/checkout`` runs that
 checkout's ggflow instead of this one's, from any directory.
 Before the rounds, ggflow runs each cell once untimed (``--no-warm-up`` skips it): numba compiles a kernel the
 first time a process needs it and caches it on disk, and a round that compiled would count that time's memory
@@ -26,6 +28,7 @@ from pathlib import Path
 
 CHECKOUT = str(Path(__file__).resolve().parents[1])
 sys.path.insert(0, CHECKOUT)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Both engines get the caller's environment: importing ggflow here (for the default model's path) sets
 # OMP_WAIT_POLICY in os.environ, which llama-bench (libgomp too) would otherwise inherit. This checkout goes
@@ -134,6 +137,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("-p", "--n-prompt", type=int, default=64)
     ap.add_argument("-n", "--n-gen", type=int, default=32)
     ap.add_argument("-d", "--n-depth", type=int, default=0, help="tokens in the KV cache before each test")
+    ap.add_argument("--shape", help="also bench a random-weight model of this shape (make_shape_model.py's names)")
+    ap.add_argument("--types", nargs="+", default=["Q4_0"], help="the shape model's quantization types")
+    ap.add_argument("--model-dir", default=os.path.expanduser("~/.cache/ggflow/shape-models"),
+                    help="where shape models are written and kept")
     ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                     help="skip ggflow's untimed run of each cell before the rounds (see the module docstring)")
     args = ap.parse_args(argv)
@@ -147,8 +154,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def shape_models(args: argparse.Namespace) -> list[str]:
+    """The --shape model at each of --types, written (seeded F16, then llama-quantize) unless already there."""
+    from make_shape_model import SHAPES, write_model
+    if args.shape not in SHAPES:
+        raise SystemExit(f"unknown shape {args.shape!r}: one of {', '.join(sorted(SHAPES))}")
+    quantize = Path(args.llama_bench).with_name("llama-quantize")
+    folder = Path(args.model_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    f16 = folder / f"{args.shape}-f16.gguf"
+    out = [folder / f"{args.shape}-{t.lower()}.gguf" for t in args.types]
+    for path, qtype in zip(out, args.types):
+        if path.exists():
+            continue
+        if not f16.exists():
+            print(f"writing {f16} (random weights, seed 0)", file=sys.stderr)
+            write_model(SHAPES[args.shape], f16)
+        rc, _, err, _ = run_child([str(quantize), str(f16), str(path), qtype])
+        if rc != 0:
+            raise SystemExit(failure("llama-quantize", rc, err))
+    f16.unlink(missing_ok=True)
+    return [str(p) for p in out]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.shape:
+        args.models += shape_models(args)
     if not args.models:
         from ggflow.api import default_model_path
         args.models = [default_model_path()]

@@ -54,6 +54,8 @@ SHAPES = {
     # the same block at a size a shared machine can write and run (4 layers, 32 experts)
     "qwen3moe-small": Shape("qwen3moe", "ggml-vocab-qwen2.gguf", 1024, 4, 16, 4, 768, 32768, 1000000.0,
                             n_expert=32, n_expert_used=8, qk_norm=True, head_dim=128),
+    # meta-llama/Meta-Llama-3-8B's config.json with a 32k vocabulary (issue 43: the size people run)
+    "llama3-8b": Shape("llama", "ggml-vocab-llama-spm.gguf", 4096, 32, 32, 8, 14336, 8192, 500000.0),
 }
 
 
@@ -101,14 +103,20 @@ def write_model(shape: Shape, out: Path, seed: int = 0) -> None:
         writer.add_uint32(f"{a}.expert_feed_forward_length", shape.n_ff)
     writer.add_uint32("general.file_type", 1)   # mostly F16
 
+    # Tensors are declared first and generated one at a time as they are written, so an 8 B model (16 GB of
+    # F16) never sits in memory whole.
+    specs: list[tuple[str, tuple[int, ...], object]] = []
+
     def matrix(name: str, rows: int, cols: int) -> None:   # ggml's ne = (cols, rows): numpy (rows, cols)
-        writer.add_tensor(name, (rng.standard_normal((rows, cols), np.float32) * 0.02).astype(np.float16))
+        specs.append((name, (rows, cols), lambda: (rng.standard_normal((rows, cols), np.float32) * 0.02)
+                      .astype(np.float16)))
 
     def vector(name: str, n: int, value: float) -> None:
-        writer.add_tensor(name, np.full(n, value, np.float32))
+        specs.append((name, (n,), lambda: np.full(n, value, np.float32)))
 
     def experts(name: str, rows: int, cols: int) -> None:   # ne = (cols, rows, n_expert)
-        writer.add_tensor(name, (rng.standard_normal((shape.n_expert, rows, cols), np.float32) * 0.02).astype(np.float16))
+        specs.append((name, (shape.n_expert, rows, cols), lambda: (rng.standard_normal(
+            (shape.n_expert, rows, cols), np.float32) * 0.02).astype(np.float16)))
 
     e = shape.n_embd
     matrix("token_embd.weight", n_vocab, e)
@@ -128,7 +136,8 @@ def write_model(shape: Shape, out: Path, seed: int = 0) -> None:
             vector(p + "attn_k_norm.weight", hd, 1.0)
         vector(p + "ffn_norm.weight", e, 1.0)
         if shape.n_expert:
-            writer.add_tensor(p + "ffn_gate_inp.weight", rng.standard_normal((shape.n_expert, e), np.float32))
+            specs.append((p + "ffn_gate_inp.weight", (shape.n_expert, e),
+                          lambda: rng.standard_normal((shape.n_expert, e), np.float32)))
             experts(p + "ffn_gate_exps.weight", shape.n_ff, e)
             experts(p + "ffn_up_exps.weight", shape.n_ff, e)
             experts(p + "ffn_down_exps.weight", e, shape.n_ff)
@@ -139,9 +148,14 @@ def write_model(shape: Shape, out: Path, seed: int = 0) -> None:
     vector("output_norm.weight", e, 1.0)
     if not shape.tied_output:
         matrix("output.weight", n_vocab, e)
+    for name, dims, make in specs:
+        dtype = np.float32 if len(dims) == 1 or name.endswith("ffn_gate_inp.weight") else np.float16
+        writer.add_tensor_info(name, dims, np.dtype(dtype), int(np.prod(dims)) * np.dtype(dtype).itemsize)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    for _, _, make in specs:
+        writer.write_tensor_data(make())
     writer.close()
 
 
